@@ -1,0 +1,486 @@
+"""LLaDA, the bidirectional masked-diffusion transformer, written from scratch, plus a hand-rolled LoRA.
+
+Module names follow the official checkpoint (`model.transformer.blocks.0.q_proj.weight`, ...) so that real
+LLaDA-8B folders load with no renaming table. The architecture (pinned by ../shared/golden):
+    x = wte(ids)                                                       # no scaling, no position table
+    per block:  h = x + attn_out(Attn(RoPE(q_proj(n)), RoPE(k_proj(n)), v_proj(n))),  n = attn_norm(x)
+                x = h + ff_out(silu(ff_proj(m)) * up_proj(m)),                         m = ff_norm(h)
+    logits = ff_out_head(ln_f(x))                                      # untied LM head, no logit scaling
+Attention is full (non-causal): every token sees every non-padding token.
+"""
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+# -----------------------------------------------------------------------------
+# Config: the official config.json, field for field
+
+
+@dataclass
+class LLaDAConfig:
+    # defaults are LLaDA-8B-Instruct's
+    d_model: int = 4096
+    n_heads: int = 32
+    n_kv_heads: int | None = 32
+    n_layers: int = 32
+    mlp_hidden_size: int | None = 12288  # when None: mlp_ratio * d_model
+    mlp_ratio: int = 4
+    vocab_size: int = 126464
+    embedding_size: int | None = 126464  # rows of wte and of the LM head (None: vocab_size)
+    rope_theta: float = 500000.0
+    rms_norm_eps: float = 1e-5
+    mask_token_id: int = 126336
+    eos_token_id: int = 126081
+    pad_token_id: int = 126081
+    max_sequence_length: int = 4096
+    # fields this implementation cannot change; anything else is refused by check() with the field named
+    activation_type: str = "silu"
+    block_type: str = "llama"
+    layer_norm_type: str = "rms"
+    weight_tying: bool = False
+    include_bias: bool = False
+    include_qkv_bias: bool = False
+    bias_for_layer_norm: bool = False
+    layer_norm_with_affine: bool = True
+    alibi: bool = False
+    rope: bool = True
+    scale_logits: bool = False
+    input_emb_norm: bool = False
+    attention_layer_norm: bool = False
+    block_group_size: int = 1
+    multi_query_attention: bool | None = None
+    attention_dropout: float = 0.0
+    residual_dropout: float = 0.0
+    embedding_dropout: float = 0.0
+    # every other field of config.json (auto_map, init_fn, ...) is kept verbatim so a round trip loses nothing
+    extra: dict = field(default_factory=dict)
+
+    # what the code requires of each fixed field (the value it computes)
+    _REQUIRED = dict(activation_type="silu", block_type="llama", layer_norm_type="rms", weight_tying=False,
+                     include_bias=False, include_qkv_bias=False, bias_for_layer_norm=False,
+                     layer_norm_with_affine=True, alibi=False, rope=True, scale_logits=False,
+                     input_emb_norm=False, attention_layer_norm=False, block_group_size=1,
+                     attention_dropout=0.0, residual_dropout=0.0, embedding_dropout=0.0)
+
+    def __post_init__(self):
+        self.n_kv_heads = self.n_kv_heads or self.n_heads
+        self.mlp_hidden_size = self.mlp_hidden_size or self.mlp_ratio * self.d_model
+        self.embedding_size = self.embedding_size or self.vocab_size
+        self.check()
+
+    def check(self, source="config"):
+        for name, want in self._REQUIRED.items():
+            if getattr(self, name) != want:
+                raise ValueError(f"{source}: field {name!r} = {getattr(self, name)!r} is not supported "
+                                 f"(this implementation computes the LLaDA-8B architecture, {name} = {want!r})")
+        if self.multi_query_attention and self.n_kv_heads != 1:
+            raise ValueError(f"{source}: multi_query_attention is true but n_kv_heads = {self.n_kv_heads}")
+        if self.d_model % self.n_heads or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"{source}: d_model ({self.d_model}) must divide by n_heads ({self.n_heads}) "
+                             f"and n_heads by n_kv_heads ({self.n_kv_heads})")
+        if (self.d_model // self.n_heads) % 2:
+            raise ValueError(f"{source}: head_dim = d_model / n_heads must be even for RoPE")
+
+    @property
+    def head_dim(self):
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_json(cls, path):
+        with open(path) as f:
+            raw = json.load(f)
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        cfg = cls.__new__(cls)  # fill, then validate with the file named in any error
+        for f in dataclasses.fields(cls):
+            if f.name != "extra":
+                setattr(cfg, f.name, raw[f.name] if f.name in raw else
+                        (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default))
+        cfg.extra = {k: v for k, v in raw.items() if k not in known}
+        cfg.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
+        cfg.mlp_hidden_size = cfg.mlp_hidden_size or cfg.mlp_ratio * cfg.d_model
+        cfg.embedding_size = cfg.embedding_size or cfg.vocab_size
+        cfg.check(source=str(path))
+        return cfg
+
+    def to_dict(self):
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        return dict(sorted({**self.extra, **d}.items()))  # HF writes keys sorted
+
+    def to_json(self, path):
+        _atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+# -----------------------------------------------------------------------------
+# Building blocks
+
+
+class RMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) in float32, cast back, then times the weight (as the official code)."""
+
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_cos_sin(L, head_dim, theta, device):
+    """RoPE over the whole head_dim, rotate-half layout, float32. Returns cos, sin of shape (L, head_dim)."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(L, device=device, dtype=torch.float32), inv_freq)  # (L, head_dim/2)
+    angles = torch.cat([angles, angles], dim=-1)  # duplicated over the two halves
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x (B, H, L, hd): x*cos + rotate_half(x)*sin, rotate_half([a, b]) = [-b, a], in float32."""
+    x32 = x.float()
+    a, b = x32.chunk(2, dim=-1)
+    return (x32 * cos + torch.cat([-b, a], dim=-1) * sin).to(x.dtype)
+
+
+class Block(nn.Module):
+    """Pre-norm LLaMA-style block with bidirectional attention and a SwiGLU MLP (official names)."""
+
+    def __init__(self, cfg: LLaDAConfig):
+        super().__init__()
+        D, hd = cfg.d_model, cfg.head_dim
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
+        self.attn_norm = RMSNorm(D, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(D, cfg.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(D, cfg.n_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(D, cfg.n_kv_heads * hd, bias=False)
+        self.attn_out = nn.Linear(D, D, bias=False)
+        self.ff_norm = RMSNorm(D, cfg.rms_norm_eps)
+        self.ff_proj = nn.Linear(D, cfg.mlp_hidden_size, bias=False)  # gate branch: SiLU applies here
+        self.up_proj = nn.Linear(D, cfg.mlp_hidden_size, bias=False)
+        self.ff_out = nn.Linear(cfg.mlp_hidden_size, D, bias=False)
+
+    def forward(self, x, cos, sin, key_mask):
+        B, L, D = x.shape
+        n = self.attn_norm(x)
+        q = self.q_proj(n).view(B, L, self.n_heads, -1).transpose(1, 2)  # (B, H, L, hd)
+        k = self.k_proj(n).view(B, L, self.n_kv_heads, -1).transpose(1, 2)  # (B, Hkv, L, hd)
+        v = self.v_proj(n).view(B, L, self.n_kv_heads, -1).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        # grouped-query attention: kv head j serves query heads j*g .. j*g+g-1 (what enable_gqa does)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=False,
+                                           enable_gqa=self.n_kv_heads != self.n_heads)
+        h = x + self.attn_out(y.transpose(1, 2).reshape(B, L, D))
+        m = self.ff_norm(h)
+        return h + self.ff_out(F.silu(self.ff_proj(m)) * self.up_proj(m))
+
+
+class LLaDA(nn.Module):
+    def __init__(self, config: LLaDAConfig):
+        super().__init__()
+        self.config = config
+        self.model = nn.Module()  # the extra level gives the official "model.transformer.*" key names
+        self.model.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.embedding_size, config.d_model),
+            blocks=nn.ModuleList([Block(config) for _ in range(config.n_layers)]),
+            ln_f=RMSNorm(config.d_model, config.rms_norm_eps),
+            ff_out=nn.Linear(config.d_model, config.embedding_size, bias=False),  # LM head (untied)
+        ))
+        self.activation_checkpointing = False
+
+    @property
+    def head(self):
+        """The LM head as a module: apply it only to the hidden states whose logits are needed."""
+        return self.model.transformer.ff_out
+
+    def set_activation_checkpointing(self, enabled=True):
+        """Recompute each block in backward instead of storing its activations (needed for 4096-token training)."""
+        self.activation_checkpointing = enabled
+
+    @torch.no_grad()
+    def init_weights(self, generator=None, std=0.02):
+        """Random init for models trained from scratch: normal(0, std) matrices, unit norm weights."""
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, std, generator=generator)
+        return self
+
+    def forward(self, input_ids, attention_mask=None, return_hidden=False):
+        """input_ids (B, L); attention_mask (B, L), 1 = real token, 0 = padding (hidden from every query).
+        Returns logits (B, L, V), or with return_hidden the final hidden states after ln_f (B, L, D)."""
+        tr = self.model.transformer
+        B, L = input_ids.shape
+        x = tr.wte(input_ids)  # (B, L, D)
+        cos, sin = rope_cos_sin(L, self.config.head_dim, self.config.rope_theta, x.device)
+        key_mask = None
+        if attention_mask is not None and not bool(attention_mask.all()):
+            key_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, L): True = may be attended to
+        for block in tr.blocks:
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, key_mask, use_reentrant=False)
+            else:
+                x = block(x, cos, sin, key_mask)
+        h = tr.ln_f(x)
+        return h if return_hidden else self.head(h)
+
+    # -------------------------------------------------------------------------
+    # Checkpoint I/O in the Hugging Face layout
+
+    @classmethod
+    def from_pretrained(cls, path, dtype=None, device=None):
+        """Read config.json and model.safetensors or the shards of model.safetensors.index.json.
+        The module is built on the meta device and filled shard by shard, so peak memory is about one copy
+        of the weights. dtype None keeps the stored dtype (bf16 for the real 8B checkpoint)."""
+        path = Path(path)
+        config = LLaDAConfig.from_json(path / "config.json")
+        with torch.device("meta"):
+            model = cls(config)
+        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        shards = _shard_files(path)
+        # check names and shapes before reading any data, so a bad checkpoint fails at once
+        found = {}
+        for shard in shards:
+            with safe_open(shard, framework="pt") as f:
+                for key in f.keys():
+                    found[key] = (tuple(f.get_slice(key).get_shape()), shard.name)
+        missing = sorted(set(expected) - set(found))
+        unexpected = sorted(set(found) - set(expected))
+        wrong = sorted(f"{k}: checkpoint {found[k][0]} ({found[k][1]}) vs model {expected[k]}"
+                       for k in set(found) & set(expected) if found[k][0] != expected[k])
+        if missing or unexpected or wrong:
+            raise ValueError(f"checkpoint {path} does not match the config:"
+                             + (f"\n  missing keys: {missing}" if missing else "")
+                             + (f"\n  unexpected keys: {unexpected}" if unexpected else "")
+                             + (f"\n  shape mismatches: {wrong}" if wrong else ""))
+        device = str(torch.device(device)) if device is not None else "cpu"
+        for shard in shards:
+            with safe_open(shard, framework="pt", device=device) as f:
+                part = {k: (f.get_tensor(k) if dtype is None else f.get_tensor(k).to(dtype)) for k in f.keys()}
+            model.load_state_dict(part, strict=False, assign=True)
+            del part
+        return model
+
+    def save_pretrained(self, path, max_shard_bytes=5 * 10**9):
+        """config.json plus safetensors shards (at most max_shard_bytes each) with an index when there is more
+        than one, written into a temporary folder and renamed into place."""
+        if any(isinstance(m, LoRALinear) for m in self.modules()):
+            raise ValueError("the model has LoRA adapters: merge_lora(model) first, or save them with save_adapter")
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        shards, current, size = [], {}, 0
+        for k, v in state.items():
+            nbytes = v.numel() * v.element_size()
+            if current and size + nbytes > max_shard_bytes:
+                shards.append(current)
+                current, size = {}, 0
+            current[k], size = v, size + nbytes
+        shards.append(current)
+        with atomic_folder(path) as tmp:
+            self.config.to_json(tmp / "config.json")
+            if len(shards) == 1:
+                save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
+                return
+            weight_map = {}
+            for i, shard in enumerate(shards):
+                name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+                save_file(shard, str(tmp / name), metadata={"format": "pt"})
+                weight_map.update({k: name for k in shard})
+            total = sum(v.numel() * v.element_size() for v in state.values())
+            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _shard_files(path):
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = [path / name for name in dict.fromkeys(weight_map.values())]
+    elif (path / "model.safetensors").exists():
+        files = [path / "model.safetensors"]
+    else:
+        raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json")
+    for f in files:
+        if not f.exists():
+            raise FileNotFoundError(f"{f}: listed in {index.name} but missing")
+    return files
+
+
+# -----------------------------------------------------------------------------
+# Atomic writes: a crash mid-write leaves the previous file or folder intact
+
+
+def _atomic_write_text(path, text):
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def atomic_folder(path):
+    """Yield a fresh temporary folder beside `path`; on success it replaces `path` (the old one is removed
+    only after the new one is in place). On an exception the temporary folder is deleted and `path` is
+    untouched."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = path.with_name(path.name + ".old")
+    if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# -----------------------------------------------------------------------------
+# LoRA, by hand: y = W x + (B A dropout(x)) * alpha / r, with W frozen
+
+
+class LoRALinear(nn.Module):
+    """Wraps a frozen linear layer. It keeps the base weight under the same name (`q_proj.weight`), so the
+    base checkpoint's keys are unchanged; lora_A (r, in) and lora_B (out, r) are float32 even when the base
+    is bf16. B starts at zero, so the wrapped layer starts exactly equal to the base."""
+
+    def __init__(self, base: nn.Linear, r, alpha, dropout, generator=None):
+        super().__init__()
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight
+        self.weight.requires_grad_(False)
+        self.r, self.alpha, self.scaling = r, alpha, alpha / r
+        dev = base.weight.device
+        self.lora_A = nn.Parameter(torch.empty(r, self.in_features, device=dev, dtype=torch.float32))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, r, device=dev, dtype=torch.float32))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5), generator=generator)  # as PEFT
+        self.dropout = nn.Dropout(dropout)
+        self.enabled = True
+
+    def forward(self, x):
+        y = F.linear(x, self.weight)
+        if not self.enabled:
+            return y
+        delta = F.linear(F.linear(self.dropout(x).to(self.lora_A.dtype), self.lora_A), self.lora_B)
+        return y + (delta * self.scaling).to(y.dtype)
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj")  # the paper's LoRA recipe (Appendix C)
+
+
+def add_lora(model, r=128, alpha=256, dropout=0.05, targets=LORA_TARGETS, generator=None):
+    """Replace the target linears of every block by LoRALinear and freeze everything else."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for block in model.model.transformer.blocks:
+        for name in targets:
+            base = getattr(block, name)
+            if not isinstance(base, nn.Linear):
+                raise ValueError(f"LoRA target {name!r} is not a linear layer of the block (got {type(base)})")
+            setattr(block, name, LoRALinear(base, r, alpha, dropout, generator))
+    model.lora_config = dict(r=r, alpha=alpha, dropout=dropout, targets=tuple(targets))
+    return model
+
+
+def lora_layers(model):
+    """(block index, target name, LoRALinear) for every adapter in the model."""
+    return [(i, name, m) for i, block in enumerate(model.model.transformer.blocks)
+            for name, m in block.named_children() if isinstance(m, LoRALinear)]
+
+
+@contextlib.contextmanager
+def lora_disabled(model):
+    """Run the frozen base model: the GIFT* reference model costs no extra memory under LoRA."""
+    layers = [m for _, _, m in lora_layers(model)]
+    states = [m.enabled for m in layers]
+    for m in layers:
+        m.enabled = False
+    try:
+        yield model
+    finally:
+        for m, s in zip(layers, states):
+            m.enabled = s
+
+
+@torch.no_grad()
+def merge_lora(model):
+    """Fold each adapter into its base weight (W += B A * alpha / r) and put plain nn.Linear layers back."""
+    for i, name, m in lora_layers(model):
+        merged = nn.Linear(m.in_features, m.out_features, bias=False, device=m.weight.device, dtype=m.weight.dtype)
+        merged.weight.copy_((m.weight.float() + (m.lora_B @ m.lora_A) * m.scaling).to(m.weight.dtype))
+        setattr(model.model.transformer.blocks[i], name, merged)
+    model.__dict__.pop("lora_config", None)
+    return model
+
+
+# PEFT's on-disk names, so adapters move between this code and PEFT + the official model
+_PEFT_PREFIX = "base_model.model.model.transformer.blocks"
+
+
+def save_adapter(model, path, base_model_name_or_path=""):
+    """adapter_config.json + adapter_model.safetensors in PEFT's LoRA format, written atomically."""
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError("the model has no LoRA adapters to save")
+    cfg = model.lora_config
+    tensors = {}
+    for i, name, m in layers:
+        tensors[f"{_PEFT_PREFIX}.{i}.{name}.lora_A.weight"] = m.lora_A.detach().contiguous().cpu()  # (r, in)
+        tensors[f"{_PEFT_PREFIX}.{i}.{name}.lora_B.weight"] = m.lora_B.detach().contiguous().cpu()  # (out, r)
+    adapter_config = {
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg["r"], "lora_alpha": cfg["alpha"],
+        "lora_dropout": cfg["dropout"], "target_modules": list(cfg["targets"]), "bias": "none",
+        "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "inference_mode": True,
+        "base_model_name_or_path": str(base_model_name_or_path),
+    }
+    with atomic_folder(path) as tmp:
+        (tmp / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
+        save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+def load_adapter(model, path):
+    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding the LoRA layers if it has none."""
+    path = Path(path)
+    cfg_file = path / "adapter_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    for key, want in (("peft_type", "LORA"), ("bias", "none"), ("fan_in_fan_out", False),
+                      ("use_rslora", False), ("use_dora", False)):
+        if cfg.get(key, want) != want:
+            raise ValueError(f"{cfg_file}: {key} = {cfg[key]!r} is not supported (need {want!r})")
+    targets = cfg["target_modules"]
+    targets = [targets] if isinstance(targets, str) else list(targets)
+    if not lora_layers(model):
+        add_lora(model, r=cfg["r"], alpha=cfg["lora_alpha"], dropout=cfg.get("lora_dropout", 0.0), targets=targets)
+    with safe_open(str(path / "adapter_model.safetensors"), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    expected = {}
+    for i, name, m in lora_layers(model):
+        for ab in ("A", "B"):
+            # PEFT sometimes writes the adapter name into the key ("lora_A.default.weight"); accept both
+            expected[f"{_PEFT_PREFIX}.{i}.{name}.lora_{ab}.weight"] = getattr(m, f"lora_{ab}")
+    tensors = {k.replace(".default.weight", ".weight"): v for k, v in tensors.items()}
+    missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    if missing or unexpected:
+        raise ValueError(f"{path / 'adapter_model.safetensors'}: missing {missing} unexpected {unexpected}")
+    with torch.no_grad():
+        for k, p in expected.items():
+            if tuple(tensors[k].shape) != tuple(p.shape):
+                raise ValueError(f"{path}: {k} has shape {tuple(tensors[k].shape)}, the model wants {tuple(p.shape)}")
+            p.copy_(tensors[k])
+    return model

@@ -1,0 +1,245 @@
+"""model.py against the official LLaDA code's golden vectors, checkpoint round trips, GQA, and LoRA."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import shared_path
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from model import (LLaDA, LLaDAConfig, LoRALinear, add_lora, load_adapter, lora_disabled, merge_lora,
+                   save_adapter)
+
+
+def tiny_config(**kw):
+    base = dict(d_model=32, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=64, vocab_size=48,
+                embedding_size=48, mask_token_id=47, eos_token_id=46, pad_token_id=46)
+    return LLaDAConfig(**{**base, **kw})
+
+
+def tiny_model(seed=0, **kw):
+    return LLaDA(tiny_config(**kw)).init_weights(torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def golden():
+    model = LLaDA.from_pretrained(shared_path("golden", "tiny_llada_mha"))
+    return model, load_file(shared_path("golden", "golden_forward.safetensors"))
+
+
+# -----------------------------------------------------------------------------
+# Golden vectors from the official modeling_llada.py
+
+
+@torch.no_grad()
+def test_golden_logits_and_hidden_states(golden):
+    model, g = golden
+    captured = []  # input of every block, then the output of ln_f
+    hooks = [b.register_forward_pre_hook(lambda m, args: captured.append(args[0]))
+             for b in model.model.transformer.blocks]
+    hooks.append(model.model.transformer.ln_f.register_forward_hook(lambda m, args, out: captured.append(out)))
+    logits = model(g["mha.input_ids"])
+    for h in hooks:
+        h.remove()
+    torch.testing.assert_close(logits, g["mha.logits"], atol=1e-5, rtol=0)
+    hidden = torch.stack(captured)  # (n_layers + 1, B, L, D)
+    torch.testing.assert_close(hidden, g["mha.hidden_states"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(model(g["mha.input_ids"], return_hidden=True), captured[-1])
+
+
+@torch.no_grad()
+def test_golden_padding_mask(golden):
+    model, g = golden
+    ids, mask = g["mha.padded_input_ids"], g["mha.padded_attention_mask"]
+    torch.testing.assert_close(model(ids, mask), g["mha.padded_logits"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(model(ids), g["mha.padded_logits_without_mask"], atol=1e-5, rtol=0)
+    # a left-padded row equals the same row run unpadded, up to RoPE positions: the pad keys are hidden, and
+    # positions count from 0 for every row, so compare against the unpadded tokens placed at the same positions
+    # (i.e. the padded row with pads hidden equals itself with the pad tokens replaced by anything else)
+    other = ids.clone()
+    other[mask == 0] = 3
+    real = mask.bool()
+    torch.testing.assert_close(model(other, mask)[real], model(ids, mask)[real], atol=1e-5, rtol=0)
+
+
+@torch.no_grad()
+def test_right_padded_row_equals_unpadded():
+    # with right padding the real tokens keep positions 0..n-1, so the padded row equals the unpadded row exactly
+    model = tiny_model()
+    g = torch.Generator().manual_seed(1)
+    row = torch.randint(0, 40, (1, 9), generator=g)
+    padded = torch.cat([row, torch.full((1, 5), 46)], dim=1)
+    mask = torch.cat([torch.ones(1, 9), torch.zeros(1, 5)], dim=1).long()
+    torch.testing.assert_close(model(padded, mask)[:, :9], model(row), atol=1e-5, rtol=0)
+
+
+# -----------------------------------------------------------------------------
+# Checkpoint I/O
+
+
+def test_round_trip_and_sharded(tmp_path):
+    model = tiny_model(seed=3)
+    ids = torch.randint(0, 40, (2, 11), generator=torch.Generator().manual_seed(0))
+    model.save_pretrained(tmp_path / "one")
+    assert (tmp_path / "one" / "model.safetensors").exists()
+    model.save_pretrained(tmp_path / "many", max_shard_bytes=20_000)  # forces several shards + an index
+    index = json.loads((tmp_path / "many" / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 2
+    for folder in ("one", "many"):
+        loaded = LLaDA.from_pretrained(tmp_path / folder)
+        for (k, a), (k2, b) in zip(model.state_dict().items(), loaded.state_dict().items()):
+            assert k == k2 and torch.equal(a, b)
+        with torch.no_grad():
+            assert torch.equal(model(ids), loaded(ids))
+    assert LLaDAConfig.from_json(tmp_path / "one" / "config.json") == model.config
+    assert not list(tmp_path.glob("*.tmp-*"))  # no temporary folder left behind
+
+
+def test_config_round_trip_keeps_unknown_fields_and_refuses_unsupported(tmp_path):
+    src = shared_path("golden", "tiny_llada_mha", "config.json")
+    cfg = LLaDAConfig.from_json(src)
+    cfg.to_json(tmp_path / "config.json")
+    assert json.loads((tmp_path / "config.json").read_text()) == json.loads(src.read_text())
+    for field, value in [("weight_tying", True), ("include_bias", True), ("block_type", "sequential"),
+                         ("alibi", True), ("scale_logits", True)]:
+        raw = json.loads(src.read_text())
+        raw[field] = value
+        (tmp_path / "bad.json").write_text(json.dumps(raw))
+        with pytest.raises(ValueError, match=field):
+            LLaDAConfig.from_json(tmp_path / "bad.json")
+
+
+def test_bad_checkpoints_name_the_key(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "ok")
+    state = load_file(tmp_path / "ok" / "model.safetensors")
+    key = "model.transformer.blocks.1.up_proj.weight"
+    cases = {
+        "missing": {k: v for k, v in state.items() if k != key},
+        "unexpected": {**state, "model.transformer.blocks.9.q_proj.weight": state[key].clone()},
+        "shape": {**state, key: state[key][:-1].contiguous()},
+    }
+    for name, tensors in cases.items():
+        folder = tmp_path / name
+        shutil.copytree(tmp_path / "ok", folder)
+        save_file(tensors, str(folder / "model.safetensors"))
+        with pytest.raises(ValueError, match=name) as err:
+            LLaDA.from_pretrained(folder)
+        assert "blocks.9" in str(err.value) if name == "unexpected" else key in str(err.value)
+
+
+def test_from_pretrained_dtype():
+    model = LLaDA.from_pretrained(shared_path("golden", "tiny_llada_mha"), dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+    assert not any(p.is_meta for p in model.parameters())
+
+
+# -----------------------------------------------------------------------------
+# Grouped-query attention equals multi-head attention with k/v heads repeated
+
+
+@torch.no_grad()
+def test_grouped_query_attention_matches_repeated_heads():
+    gqa = tiny_model(seed=5, n_heads=4, n_kv_heads=2)
+    mha = LLaDA(tiny_config(n_heads=4, n_kv_heads=4))
+    state = gqa.state_dict()
+    hd = gqa.config.head_dim
+    for k, v in state.items():
+        if k.endswith(("k_proj.weight", "v_proj.weight")):
+            # kv head j serves query heads 2j and 2j+1: repeat each kv head's rows
+            state[k] = v.view(2, hd, -1).repeat_interleave(2, dim=0).reshape(4 * hd, -1)
+    mha.load_state_dict(state)
+    ids = torch.randint(0, 40, (2, 13), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 13, dtype=torch.long)
+    mask[0, :3] = 0
+    torch.testing.assert_close(gqa(ids, mask), mha(ids, mask), atol=1e-5, rtol=0)
+
+
+def test_activation_checkpointing_same_gradients():
+    model = tiny_model(seed=7)
+    ids = torch.randint(0, 40, (2, 10), generator=torch.Generator().manual_seed(3))
+    grads = []
+    for ckpt in (False, True):
+        model.zero_grad()
+        model.set_activation_checkpointing(ckpt)
+        model(ids).square().mean().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
+
+
+# -----------------------------------------------------------------------------
+# LoRA
+
+
+def test_lora_starts_at_base_and_trains_only_adapters():
+    model = tiny_model(seed=1)
+    ids = torch.randint(0, 40, (2, 10), generator=torch.Generator().manual_seed(4))
+    base = model(ids).detach()
+    add_lora(model, r=4, alpha=8, dropout=0.0, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model(ids), base)  # B = 0
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.endswith(("lora_A", "lora_B")) for n in trainable)
+    assert len(trainable) == 2 * 3 * model.config.n_layers
+    assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if n in trainable)
+
+
+def trained_lora_model(dropout=0.0):
+    model = tiny_model(seed=2)
+    add_lora(model, r=4, alpha=8, dropout=dropout, generator=torch.Generator().manual_seed(0))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    ids = torch.randint(0, 40, (2, 10), generator=torch.Generator().manual_seed(5))
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten()).backward()
+        opt.step()
+    return model, ids
+
+
+def test_lora_merge_and_disable():
+    model, ids = trained_lora_model()
+    base = LLaDA(model.config)
+    base.load_state_dict({k: v for k, v in model.state_dict().items() if "lora_" not in k})
+    with torch.no_grad():
+        lora_out = model(ids)
+        assert not torch.allclose(lora_out, base(ids), atol=1e-4)  # the adapters changed something
+        with lora_disabled(model):
+            assert torch.equal(model(ids), base(ids))
+        torch.testing.assert_close(merge_lora(model)(ids), lora_out, atol=1e-5, rtol=1e-5)
+    assert not any(isinstance(m, LoRALinear) for m in model.modules())
+
+
+def test_lora_dropout_only_in_train_mode():
+    model, ids = trained_lora_model(dropout=0.5)
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(ids), model(ids))
+    model.train()
+    with torch.no_grad():
+        assert not torch.equal(model(ids), model(ids))
+
+
+def test_adapter_peft_format_round_trip(tmp_path):
+    model, ids = trained_lora_model()
+    save_adapter(model, tmp_path / "adapter", base_model_name_or_path="GSAI-ML/LLaDA-8B-Instruct")
+    cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["task_type"] == "CAUSAL_LM" and cfg["r"] == 4
+    assert cfg["lora_alpha"] == 8 and cfg["bias"] == "none" and cfg["target_modules"] == ["q_proj", "k_proj", "v_proj"]
+    assert cfg["fan_in_fan_out"] is False and cfg["use_rslora"] is False and cfg["use_dora"] is False
+    assert cfg["inference_mode"] is True and cfg["base_model_name_or_path"] == "GSAI-ML/LLaDA-8B-Instruct"
+    D = model.config.d_model
+    want = {}
+    for i in range(model.config.n_layers):
+        for name in ("q_proj", "k_proj", "v_proj"):
+            out = model.config.n_heads * model.config.head_dim if name == "q_proj" else \
+                model.config.n_kv_heads * model.config.head_dim
+            want[f"base_model.model.model.transformer.blocks.{i}.{name}.lora_A.weight"] = (4, D)
+            want[f"base_model.model.model.transformer.blocks.{i}.{name}.lora_B.weight"] = (out, 4)
+    with safe_open(str(tmp_path / "adapter" / "adapter_model.safetensors"), framework="pt") as f:
+        assert {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()} == want
+    fresh = tiny_model(seed=2)
+    load_adapter(fresh, tmp_path / "adapter")
+    with torch.no_grad():
+        assert torch.equal(fresh(ids), model(ids))
