@@ -1,0 +1,516 @@
+"""Data for GIFT fine-tuning of LLaDA: tokenizer, chat format, JSONL readers, batching, sharding, and the built-in
+4x4 Sudoku task.
+
+A training example is `(ids, prompt_len)`: the token ids of prompt + answer + <|eot_id|>, and the number of prompt
+tokens. Positions >= prompt_len are the answer; batches are right-padded with <|endoftext|>, and the pads count as
+answer (they are noised and trained on, as in LLaDA's SFT, so the model learns where to stop).
+
+    python data.py --data train.jsonl --model /ckpt/LLaDA-8B-Instruct   # check a dataset: format, counts, example
+    python data.py                                                      # show a Sudoku example of the embedded task
+"""
+
+import argparse
+import functools
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+# -----------------------------------------------------------------------------
+# Constants: LLaDA's special token strings (their ids always come from tokenizer.json / config.json)
+
+BOS = "<|startoftext|>"
+EOS = "<|endoftext|>"  # also LLaDA's pad token
+START_HEADER = "<|start_header_id|>"
+END_HEADER = "<|end_header_id|>"
+EOT = "<|eot_id|>"
+MASK = "<|mdm_mask|>"
+SPECIAL_TOKENS = (BOS, EOS, START_HEADER, END_HEADER, EOT, MASK)
+
+ROLES = ("system", "user", "assistant")
+FORMATS = ("messages", "prompt-response", "s1k", "s1k-1.1")
+ENCODE_CHUNK = 2048  # rows tokenized per encode_batch call: parallel in Rust, bounded memory for big files
+MAX_BAD_ROWS_KEPT = 10  # error messages of skipped rows kept in the stats for the log
+
+# d1 / wd1's instruction before each s1K question (d1 SFT/sft_trainer.py; = ../shared/data/d1_prompts.json)
+SFT_SYSTEM_PROMPT = ("\nRespond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n"
+                     "<answer>\n...\n</answer>\n")
+
+# The embedded task: d1's Sudoku question without its long instruction (d1 adds a trailing "\n" that the chat
+# format strips anyway), keeping the sequences short enough for a tiny model on a CPU.
+SUDOKU_TASK_PROMPT = "Solve the following Sudoku puzzle: {puzzle}"
+SUDOKU_ANSWER = "<answer>{solution}</answer>"
+# characters of the char-level tokenizer: enough for the Sudoku texts, answer tags and the role names
+CHAR_VOCAB = "\n :/<>0123456789Sabcdefghijklmnopqrstuvwxyz"
+
+# the 12 units (4 rows, 4 columns, 4 boxes) of a 4x4 grid, as row-major cell indices 0..15
+SUDOKU_UNITS = ([[4 * r + c for c in range(4)] for r in range(4)]
+                + [[4 * r + c for r in range(4)] for c in range(4)]
+                + [[4 * (br + r) + bc + c for r in range(2) for c in range(2)] for br in (0, 2) for bc in (0, 2)])
+
+# -----------------------------------------------------------------------------
+# Tokenizer and special ids
+
+
+def load_tokenizer(model_dir):
+    """The `tokenizers` tokenizer of a model folder (<model_dir>/tokenizer.json)."""
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: the model folder must hold the Hugging Face tokenizer.json")
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_truncation()  # too-long examples are dropped and counted by load_dataset, never cut
+    tokenizer.no_padding()  # padding happens in collate
+    return tokenizer
+
+
+def encode(tokenizer, text):
+    """Text -> ids, exactly the tokens of `text`: special tokens are matched in it, nothing (no BOS) is added."""
+    return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def _token_id(tokenizer, token):
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise ValueError(f"the tokenizer has no {token!r} token, which LLaDA's chat format needs "
+                         "(is this LLaDA's tokenizer.json? make_char_tokenizer() builds a tiny one with it)")
+    return token_id
+
+
+@dataclass
+class SpecialIds:
+    bos: int  # <|startoftext|>
+    eos: int  # <|endoftext|>, ends generation
+    pad: int  # = eos in LLaDA
+    mask: int  # <|mdm_mask|>, the diffusion mask
+    eot: int  # <|eot_id|>, ends each chat turn
+    start_header: int
+    end_header: int
+
+
+def special_ids(tokenizer, config):
+    """mask / eos / pad from the model config (config.json), the chat-format tokens from the tokenizer."""
+    ids = {}
+    for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(config, name, None)
+        if not isinstance(value, int):
+            raise ValueError(f"config.json field {name!r} is {value!r}; it must be a token id")
+        ids[name] = value
+    for token in (BOS, EOT, START_HEADER, END_HEADER):
+        ids[token] = _token_id(tokenizer, token)
+        # must be an added token, else the BPE would split the literal "<|eot_id|>" of chat_prompt into pieces
+        if encode(tokenizer, token) != [ids[token]]:
+            raise ValueError(f"the tokenizer does not read {token!r} in text as one token; it must be listed under "
+                             "'added_tokens' in tokenizer.json")
+    return SpecialIds(bos=ids[BOS], eos=ids["eos_token_id"], pad=ids["pad_token_id"], mask=ids["mask_token_id"],
+                      eot=ids[EOT], start_header=ids[START_HEADER], end_header=ids[END_HEADER])
+
+
+# -----------------------------------------------------------------------------
+# LLaDA's chat format
+
+
+def chat_prompt(messages):
+    """LLaDA-8B-Instruct's chat template, written out: BOS once, each turn with its header, then the assistant
+    header that the answer (or generation) follows. `messages` is a list of {"role", "content"}.
+
+    The official Jinja template appends '<|start_header_id|>assistant<|end_header_id|>\\n\\n' after EVERY
+    conversation, even one that already ends with the assistant's answer; d1 and wd1 inherited that stray header
+    at the end of their SFT sequences. We do not reproduce it: a training sequence ends with the answer's
+    <|eot_id|> and then the pads."""
+    text = BOS
+    for m in messages:
+        text += f"{START_HEADER}{m['role']}{END_HEADER}\n\n{m['content'].strip()}{EOT}"
+    return text + f"{START_HEADER}assistant{END_HEADER}\n\n"
+
+
+def encode_prompt(tokenizer, messages):
+    """The ids a model is given to answer `messages` (for generation)."""
+    return encode(tokenizer, chat_prompt(messages))
+
+
+def encode_examples(tokenizer, pairs):
+    """[(messages, answer)] -> [(ids, prompt_len)], ids = prompt + answer + <|eot_id|>, tokenized in one batch.
+
+    Prompt and answer are tokenized separately, so the prompt ids are exactly what generation is given
+    (encode_prompt) and prompt_len is exact. The answer is stripped, as the official template trims every turn."""
+    eot = _token_id(tokenizer, EOT)
+    texts = [chat_prompt(messages) for messages, _ in pairs] + [answer.strip() for _, answer in pairs]
+    encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+    prompts, answers = encodings[:len(pairs)], encodings[len(pairs):]
+    return [(p.ids + a.ids + [eot], len(p.ids)) for p, a in zip(prompts, answers)]
+
+
+def encode_example(tokenizer, messages, answer):
+    """One training sequence: (prompt + answer + <|eot_id|> ids, prompt length)."""
+    return encode_examples(tokenizer, [(messages, answer)])[0]
+
+
+# -----------------------------------------------------------------------------
+# JSONL readers. Each row becomes (prompt messages, answer text).
+
+
+class DataError(ValueError):
+    """A bad data row: names the file, the 1-based line number and the field."""
+
+    def __init__(self, path, line, field, problem):
+        self.path, self.line, self.field, self.problem = str(path), line, field, problem
+        where = f"{path}, line {line}" + (f", field '{field}'" if field else "")
+        super().__init__(f"{where}: {problem}")
+
+
+class BadRow(Exception):
+    """A problem with one row (field None: the row as a whole); load_dataset adds the file and line."""
+
+    def __init__(self, field, problem):
+        self.field, self.problem = field, problem
+
+
+def _get(obj, key, field):
+    if key not in obj:
+        raise BadRow(field, "missing")
+    return obj[key]
+
+
+def _text(value, field, allow_empty=False):
+    if not isinstance(value, str):
+        raise BadRow(field, f"must be a string, got {type(value).__name__}")
+    if not allow_empty and not value.strip():
+        raise BadRow(field, "is empty")
+    return value
+
+
+def _s1k_pair(question, trace, attempt):
+    # d1 / wd1's SFT formatting of s1K (SFT/sft_trainer.py)
+    user = SFT_SYSTEM_PROMPT + "\n\n" + question
+    return [{"role": "user", "content": user}], f"<reasoning>{trace}</reasoning>\n<answer>{attempt}</answer>"
+
+
+def detect_format(row):
+    """The format of one parsed JSONL row, from its field names."""
+    if not isinstance(row, dict):
+        raise BadRow(None, f"expected a JSON object, got a {type(row).__name__}")
+    if "messages" in row:
+        return "messages"  # Tulu 3, open-r1 Mixture-of-Thoughts, ...
+    if "deepseek_thinking_trajectory" in row:
+        return "s1k-1.1"
+    if "thinking_trajectories" in row:
+        return "s1k"
+    if "prompt" in row or "response" in row:
+        return "prompt-response"
+    raise BadRow(None, f"cannot tell the format from the fields {sorted(row)}: expected 'messages', "
+                        "'prompt' + 'response', s1K's 'question' + 'thinking_trajectories' + 'attempt', or s1K-1.1's "
+                        "'question' + 'deepseek_thinking_trajectory' + 'deepseek_attempt' (or force a format: "
+                        f"fmt in {FORMATS})")
+
+
+def parse_row(row, fmt):
+    """One JSON object -> (prompt messages, answer). Raises BadRow naming the field."""
+    if not isinstance(row, dict):
+        raise BadRow(None, f"expected a JSON object, got a {type(row).__name__}")
+    if fmt == "messages":
+        # train on the last turn, which must be the assistant's; all earlier turns are the prompt
+        messages = _get(row, "messages", "messages")
+        if not isinstance(messages, list) or len(messages) < 2:
+            raise BadRow("messages", "must be a list of at least 2 {role, content} turns, the last the assistant's")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise BadRow(f"messages[{i}]", f"must be an object with role and content, got {type(m).__name__}")
+            role = _text(_get(m, "role", f"messages[{i}].role"), f"messages[{i}].role")
+            if role not in ROLES:
+                raise BadRow(f"messages[{i}].role", f"{role!r} is not one of {ROLES}")
+            last = i == len(messages) - 1
+            _text(_get(m, "content", f"messages[{i}].content"), f"messages[{i}].content", allow_empty=not last)
+        if messages[-1]["role"] != "assistant":
+            raise BadRow(f"messages[{len(messages) - 1}].role", "the last turn must be the assistant's answer")
+        return [{"role": m["role"], "content": m["content"]} for m in messages[:-1]], messages[-1]["content"]
+    if fmt == "prompt-response":
+        prompt = _text(_get(row, "prompt", "prompt"), "prompt")
+        return [{"role": "user", "content": prompt}], _text(_get(row, "response", "response"), "response")
+    if fmt == "s1k":
+        question = _text(_get(row, "question", "question"), "question")
+        traces = _get(row, "thinking_trajectories", "thinking_trajectories")
+        if not isinstance(traces, list) or not traces:
+            raise BadRow("thinking_trajectories", f"must be a non-empty list of strings, got {traces!r:.40}")
+        trace = _text(traces[0], "thinking_trajectories[0]")
+        return _s1k_pair(question, trace, _text(_get(row, "attempt", "attempt"), "attempt"))
+    if fmt == "s1k-1.1":
+        question = _text(_get(row, "question", "question"), "question")
+        trace = _text(_get(row, "deepseek_thinking_trajectory", "deepseek_thinking_trajectory"),
+                      "deepseek_thinking_trajectory")
+        return _s1k_pair(question, trace, _text(_get(row, "deepseek_attempt", "deepseek_attempt"), "deepseek_attempt"))
+    raise ValueError(f"unknown data format {fmt!r}; choose one of {FORMATS} or 'auto'")
+
+
+def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False):
+    """Read a JSONL file into training examples.
+
+    Returns (examples, stats): examples a list of (ids, prompt_len), ids a 1-D int32 tensor (4 bytes a token;
+    a Python list costs ~36, too much for Tulu 3 on 8 ranks); stats a dict with the format and the counts of
+    rows, examples, tokens, skipped bad rows and examples dropped for being longer than max_len (never
+    truncated; max_len=None keeps all). The format is fmt, or with fmt="auto" detected from the first good row.
+    A bad row raises DataError (file, line, field) unless skip_bad_rows, which skips and counts it instead.
+    Blank lines are ignored."""
+    path = Path(path)
+    if fmt != "auto" and fmt not in FORMATS:
+        raise ValueError(f"unknown data format {fmt!r}; choose one of {FORMATS} or 'auto'")
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {path} not found (expected JSONL: one JSON object per line)")
+    stats = dict(path=str(path), format=None if fmt == "auto" else fmt, rows=0, examples=0, tokens=0,
+                 skipped_bad_rows=0, dropped_too_long=0, bad_rows=[])
+    examples, pending = [], []
+
+    def flush():  # tokenize the pending rows, drop the too-long ones
+        for ids, prompt_len in encode_examples(tokenizer, pending):
+            if max_len is not None and len(ids) > max_len:
+                stats["dropped_too_long"] += 1
+                continue
+            examples.append((torch.tensor(ids, dtype=torch.int32), prompt_len))
+            stats["tokens"] += len(ids)
+        pending.clear()
+
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            stats["rows"] += 1
+            try:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise BadRow(None, f"invalid JSON ({e.msg}, column {e.colno})") from None
+                row_fmt = stats["format"] or detect_format(row)
+                pending.append(parse_row(row, row_fmt))
+                stats["format"] = row_fmt  # the first good row fixes the format of the file
+            except BadRow as bad:
+                if not skip_bad_rows:
+                    raise DataError(path, line_no, bad.field, bad.problem + " (fix the row, or skip and count bad "
+                                    "rows with skip_bad_rows=True / --skip-bad-rows)") from None
+                stats["skipped_bad_rows"] += 1
+                if len(stats["bad_rows"]) < MAX_BAD_ROWS_KEPT:
+                    stats["bad_rows"].append(str(DataError(path, line_no, bad.field, bad.problem)))
+                continue
+            if len(pending) == ENCODE_CHUNK:
+                flush()
+    flush()
+    stats["examples"] = len(examples)
+    if not examples:
+        raise ValueError(f"{path}: no usable example ({stats['rows']} rows, {stats['skipped_bad_rows']} skipped as "
+                         f"bad, {stats['dropped_too_long']} longer than max_len={max_len} tokens)")
+    return examples, stats
+
+
+# -----------------------------------------------------------------------------
+# Batching and sharding
+
+
+def collate(examples, pad_id, pad_to=None):
+    """[(ids, prompt_len)] -> input_ids (B, L) long, prompt_lengths (B,) long.
+
+    Right-pads with pad_id (LLaDA: <|endoftext|>) to the longest example, or to pad_to (d1 / wd1 pad every
+    example to 4096, which changes what GIFT's beta_ref averages over). Pads are answer positions:
+    answer_mask = torch.arange(L)[None] >= prompt_lengths[:, None]."""
+    if not examples:
+        raise ValueError("collate got no examples (an empty micro-batch needs a zero-weight dummy row instead)")
+    longest = max(len(ids) for ids, _ in examples)
+    L = longest if pad_to is None else pad_to
+    if longest > L:
+        raise ValueError(f"an example has {longest} tokens, more than pad_to={pad_to}")
+    input_ids = torch.full((len(examples), L), pad_id, dtype=torch.long)  # (B, L)
+    for i, (ids, _) in enumerate(examples):
+        input_ids[i, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+    prompt_lengths = torch.tensor([prompt_len for _, prompt_len in examples], dtype=torch.long)  # (B,)
+    return input_ids, prompt_lengths
+
+
+def epoch_order(n, epoch, seed):
+    """A fresh permutation of range(n) for each epoch, the same on every rank (every rank holds the dataset)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=generator).tolist()
+
+
+def step_batches(order, global_batch):
+    """The epoch's optimizer steps: consecutive chunks of global_batch indices; the last may be short."""
+    return [order[i:i + global_batch] for i in range(0, len(order), global_batch)]
+
+
+def _split_even(items, k):
+    """k consecutive parts whose sizes differ by at most one, the larger first (like numpy.array_split)."""
+    size, extra = divmod(len(items), k)
+    bounds = [i * size + min(i, extra) for i in range(k + 1)]
+    return [items[bounds[i]:bounds[i + 1]] for i in range(k)]
+
+
+def rank_micro_batches(step_indices, rank, world_size, micro_batch, accum):
+    """This rank's share of one optimizer step, as exactly `accum` micro-batches (lists of example indices).
+
+    The step is split into `accum` consecutive global micro-batches, and global micro-batch j into `world_size`
+    consecutive parts, part r going to rank r. So the union over ranks of everyone's micro-batch j is the
+    single-process micro-batch j of the same step (world_size=1, micro_batch=world_size*micro_batch, same
+    accum). A full step gives every rank exactly micro_batch examples per micro-batch; the short last step of an
+    epoch is spread evenly, so a micro-batch may be EMPTY: the training loop then runs a zero-weight dummy row so
+    that DDP / FSDP collectives stay in lockstep."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    if len(step_indices) > world_size * micro_batch * accum:
+        raise ValueError(f"a step of {len(step_indices)} examples does not fit world_size {world_size} x "
+                         f"micro_batch {micro_batch} x accum {accum}")
+    return [_split_even(chunk, world_size)[rank] for chunk in _split_even(list(step_indices), accum)]
+
+
+# -----------------------------------------------------------------------------
+# The embedded task: 4x4 Sudoku (grids are 16-character strings, row-major, "0" = blank)
+
+
+def sudoku_valid(grid):
+    """Whether a 16-character string is a solved 4x4 Sudoku."""
+    return len(grid) == 16 and all(sorted(grid[i] for i in unit) == list("1234") for unit in SUDOKU_UNITS)
+
+
+@functools.cache
+def sudoku_grids():
+    """All 288 valid 4x4 grids, in lexicographic order (depth-first fill, cells row-major, digits ascending)."""
+    # for each cell, the earlier cells that share a unit with it
+    earlier_peers = [sorted({j for unit in SUDOKU_UNITS if i in unit for j in unit if j < i}) for i in range(16)]
+    grids, cells = [], []
+
+    def fill(i):
+        if i == 16:
+            grids.append("".join(cells))
+            return
+        for digit in "1234":
+            if all(cells[j] != digit for j in earlier_peers[i]):
+                cells.append(digit)
+                fill(i + 1)
+                cells.pop()
+
+    fill(0)
+    return tuple(grids)
+
+
+def sudoku_solutions(puzzle):
+    """The valid grids that agree with the puzzle's given (non-zero) cells."""
+    if not re.fullmatch("[0-4]{16}", puzzle):
+        raise ValueError(f"a puzzle is 16 digits 0-4 (0 = blank), got {puzzle!r}")
+    pattern = re.compile(puzzle.replace("0", "."))
+    return [grid for grid in sudoku_grids() if pattern.fullmatch(grid)]
+
+
+def make_puzzle(grid, n_blanks, generator, unique=True, max_tries=1000):
+    """Blank n_blanks random cells of a solved grid; with unique=True redraw until only `grid` solves it
+    (so the target answer is the only right one)."""
+    for _ in range(max_tries):
+        blanks = set(torch.randperm(16, generator=generator)[:n_blanks].tolist())
+        puzzle = "".join("0" if i in blanks else digit for i, digit in enumerate(grid))
+        if not unique or len(sudoku_solutions(puzzle)) == 1:
+            return puzzle
+    raise ValueError(f"no puzzle with {n_blanks} blanks and a unique solution found for {grid} in {max_tries} "
+                     "draws; use fewer blanks or unique=False")
+
+
+def sudoku_split(n_train, n_test, n_blanks=8, seed=0, test_grids=0, unique=True):
+    """A seeded train / held-out split of distinct puzzles, no puzzle in both.
+
+    Returns (train, test), lists of (puzzle, solution). n_blanks is an int or an inclusive (low, high) range drawn
+    per puzzle. test_grids > 0 holds out that many whole solution grids: test puzzles come only from them and
+    train puzzles never do (a split by grid); 0 splits by puzzle (a test puzzle's grid may appear in training
+    under other blanks). The test set is drawn first, so it does not change with n_train."""
+    generator = torch.Generator().manual_seed(seed)
+    grids = sudoku_grids()
+    if not 0 <= test_grids < len(grids):
+        raise ValueError(f"test_grids must be in [0, {len(grids)}), got {test_grids}")
+    order = torch.randperm(len(grids), generator=generator).tolist()
+    test_pool = [grids[i] for i in order[:test_grids]] if test_grids else grids
+    train_pool = [grids[i] for i in order[test_grids:]]
+    low, high = (n_blanks, n_blanks) if isinstance(n_blanks, int) else n_blanks
+    taken = set()  # every puzzle drawn so far, train and test
+
+    def draw(pool, n):
+        out = []
+        for _ in range(10 * n + 1000):  # bounded: a request larger than the pool of puzzles fails, not hangs
+            if len(out) == n:
+                return out
+            grid = pool[torch.randint(len(pool), (1,), generator=generator).item()]
+            k = torch.randint(low, high + 1, (1,), generator=generator).item()
+            puzzle = make_puzzle(grid, k, generator, unique)
+            if puzzle not in taken:
+                taken.add(puzzle)
+                out.append((puzzle, grid))
+        if len(out) == n:
+            return out
+        raise ValueError(f"could not draw {n} distinct puzzles from {len(pool)} grids with {n_blanks} blanks")
+
+    test = draw(test_pool, n_test)
+    return draw(train_pool, n_train), test
+
+
+def sudoku_messages(puzzle):
+    """The user turn asking for a puzzle (d1's question text, without its instruction string)."""
+    return [{"role": "user", "content": SUDOKU_TASK_PROMPT.format(puzzle=puzzle)}]
+
+
+def sudoku_answer(solution):
+    return SUDOKU_ANSWER.format(solution=solution)
+
+
+def sudoku_examples(tokenizer, pairs):
+    """[(puzzle, solution)] -> training examples [(ids, prompt_len)]."""
+    return encode_examples(tokenizer, [(sudoku_messages(p), sudoku_answer(s)) for p, s in pairs])
+
+
+def make_char_tokenizer(chars=CHAR_VOCAB):
+    """A character-level tokenizer for the embedded task: one token per character of `chars` (ids 0..), then
+    LLaDA's special tokens as added special tokens, matched in text. Save it with
+    `tokenizer.save(str(folder / "tokenizer.json"))` beside the checkpoint; load_tokenizer reads it back.
+    Encoding a character outside `chars` raises (WordLevel has no unknown token)."""
+    tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every char alone
+    tokenizer.decoder = decoders.Fuse()  # decode joins the characters back without spaces
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    return tokenizer
+
+
+def tiny_config_for(tokenizer, **model_sizes):
+    """An LLaDAConfig for a tokenizer that carries LLaDA's special tokens (e.g. make_char_tokenizer()): mask and
+    eos = pad ids from it, vocab_size = embedding_size = its size rounded up to a multiple of 8. model_sizes are
+    LLaDAConfig fields (d_model, n_heads, n_layers, mlp_hidden_size, max_sequence_length, ...)."""
+    from model import LLaDAConfig  # imported here so data.py works on its own
+
+    vocab = -(-tokenizer.get_vocab_size(with_added_tokens=True) // 8) * 8
+    eos = _token_id(tokenizer, EOS)
+    return LLaDAConfig(vocab_size=vocab, embedding_size=vocab, mask_token_id=_token_id(tokenizer, MASK),
+                       eos_token_id=eos, pad_token_id=eos, **model_sizes)
+
+
+# -----------------------------------------------------------------------------
+
+
+def main():
+    parser = argparse.ArgumentParser(description="Check a JSONL dataset (or show the embedded Sudoku task).")
+    parser.add_argument("--data", help="JSONL file; without it, show a Sudoku example")
+    parser.add_argument("--model", help="model folder holding tokenizer.json (needed with --data)")
+    parser.add_argument("--data-format", default="auto", choices=("auto",) + FORMATS, help="row format")
+    parser.add_argument("--max-len", type=int, default=4096, help="longer examples are dropped and counted")
+    parser.add_argument("--skip-bad-rows", action="store_true", help="skip and count bad rows instead of failing")
+    args = parser.parse_args()
+    if args.data:
+        if not args.model:
+            parser.error("--data needs --model (the folder with tokenizer.json)")
+        tokenizer = load_tokenizer(args.model)
+        examples, stats = load_dataset(args.data, tokenizer, args.data_format, args.max_len, args.skip_bad_rows)
+        print(json.dumps(stats, indent=1))
+    else:
+        tokenizer = make_char_tokenizer()
+        train, _ = sudoku_split(n_train=4, n_test=4)
+        examples = sudoku_examples(tokenizer, train)
+    ids, prompt_len = examples[0]
+    ids = [int(i) for i in ids]
+    print(f"first example: {len(ids)} tokens, {prompt_len} in the prompt")
+    print("--- prompt ---\n" + tokenizer.decode(ids[:prompt_len], skip_special_tokens=False))
+    print("--- answer ---\n" + tokenizer.decode(ids[prompt_len:], skip_special_tokens=False))
+
+
+if __name__ == "__main__":
+    main()

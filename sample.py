@@ -1,0 +1,265 @@
+"""LLaDA's block diffusion sampler: the official generate.py, token for token, batched.
+
+LLaDA (Nie et al. 2025, "Large Language Diffusion Models", Sec. 2.4 and Appendix B) answers by starting from a fully
+masked response and running `steps` reverse-diffusion steps; each step predicts every masked token and keeps the
+predictions it is most confident about ("low-confidence remasking"). With block_length < gen_length the response is
+filled block by block, left to right ("semi-autoregressive remasking"). This file reproduces the official sampler
+(github.com/ML-GSAI/LLaDA, generate.py) with the same arguments and the same random draws, and differs from it only
+where the tokens cannot change:
+  - the whole batch is handled at once (the official code picks each row's top-k positions in a Python loop);
+  - the LM head runs only at the positions that can be unmasked this step (the current block and masks left before
+    it), not over the prompt and the later blocks: this saves most of the head's cost (V = 126464 for LLaDA-8B).
+    The product over fewer rows gives the same numbers on the CPU; a GPU library may pick another kernel for
+    another row count, which can change logits by a rounding error;
+  - classifier-free guidance also works without an attention mask (the official code raises a NameError there).
+
+    python sample.py --model DIR [--adapter DIR] --prompt "..." [--gen-length 128 --steps 128 --block-length 32]
+"""
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+REMASKING = ("low_confidence", "random")  # the official strategies
+
+# -----------------------------------------------------------------------------
+# Building blocks (pure functions, one per line of the official loop)
+
+
+def get_num_transfer_tokens(block_mask_index, steps):
+    """How many tokens each row unmasks at each of the block's `steps` steps (official get_num_transfer_tokens).
+
+    The reverse process splits t in [0, 1] into `steps` equal intervals and LLaDA's noise schedule is linear
+    (paper Eq. (8)), so each step should unmask the same expected number of tokens: m // steps per step, plus one
+    for each of the first m % steps steps (m = masks in the block). With more steps than masks, the last steps
+    unmask nothing. block_mask_index (B, Lb) bool -> (B, steps) long, summing to m per row.
+    """
+    m = block_mask_index.sum(dim=1, keepdim=True)  # (B, 1)
+    extra = torch.arange(steps, device=m.device)[None, :] < (m % steps)  # (B, steps): the first m % steps steps
+    return m // steps + extra.long()
+
+
+def add_gumbel_noise(logits, temperature, u):
+    """Gumbel-max sampling, as the official add_gumbel_noise: argmax of exp(logits) / (-log u)^temperature, which
+    is argmax(logits / temperature + Gumbel noise), a draw from softmax(logits / temperature).
+
+    In float64 because, per the official docstring, low-precision Gumbel-max lowers MDM perplexity but hurts
+    generation quality (arXiv:2409.02908). u: uniforms in [0, 1), float64, same shape as logits; they are drawn by
+    the caller so that the draw can cover the official (B, L, V) shape. temperature 0 returns the logits untouched
+    (greedy, in the model's dtype, as the official code).
+    """
+    if temperature == 0:
+        return logits
+    return logits.to(torch.float64).exp() / (-torch.log(u)) ** temperature
+
+
+def low_confidence(logits, x0):
+    """The model's probability of each candidate: softmax of the (guided, un-noised) logits at x0.
+
+    The softmax runs in the logits' dtype, exactly as the official `F.softmax(logits, dim=-1)` (bf16 for the real
+    model, so confidences round to 8 mantissa bits and tie often; transfer_index resolves ties like the official
+    torch.topk). logits (N, V), x0 (N,) -> (N,).
+    """
+    p = F.softmax(logits, dim=-1)
+    return torch.gather(p, -1, x0[:, None]).squeeze(-1)
+
+
+def transfer_index(confidence, k):
+    """Mark the k[b] most confident positions of each row b: confidence (B, L), k (B,) -> (B, L) bool.
+
+    The official code calls torch.topk(confidence[b], k[b]) row by row. We call torch.topk once for the whole batch
+    at k = max(k) and keep each row's first k[b] indices (topk returns them sorted by confidence). Within a
+    generate() call every row has the same k (each block starts fully masked in every row), and then this is
+    exactly the official call, ties included: topk treats each row of a batch as it treats a lone row (on the CPU
+    an introselect whose tie order is not "lowest index first", so a stable sort would NOT reproduce it). For
+    unequal k, each row still gets a valid top-k[b] set, but equal confidences at its boundary may be resolved
+    differently from a per-row topk call.
+    """
+    k_max = int(k.max())
+    top = torch.topk(confidence, k_max, dim=-1).indices  # (B, k_max), most confident first
+    keep = torch.arange(k_max, device=k.device)[None, :] < k[:, None]  # (B, k_max)
+    return torch.zeros_like(confidence, dtype=torch.bool).scatter_(-1, top, keep)
+
+
+def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id):
+    """Logits (N, V) at the N eligible positions (row-major order), with classifier-free guidance if cfg_scale > 0.
+
+    One forward pass over the whole sequence gives hidden states; the LM head then runs on the eligible rows only.
+    Unsupervised CFG (LLaDA paper, Appendix B; official code): the batch is stacked with a copy whose prompt
+    positions are masked, and logits = uncond + (cfg_scale + 1) * (cond - uncond), computed in the logits' dtype
+    as the official code does. The head is taken from `.module` under DDP, and the hidden states from calling
+    the wrapper, so that DDP / FSDP see a forward.
+    """
+    head = getattr(model, "module", model).head
+    if cfg_scale <= 0:  # the official test is `if cfg_scale > 0.`
+        h = model(x, attention_mask=attention_mask, return_hidden=True)  # (B, L, D)
+        return head(h[eligible])  # (N, V)
+    B = x.shape[0]
+    un_x = x.masked_fill(prompt_index, mask_id)  # prompt masked: the unconditional input
+    mask2 = None if attention_mask is None else torch.cat([attention_mask, attention_mask], dim=0)  # (2B, L)
+    h = model(torch.cat([x, un_x], dim=0), attention_mask=mask2, return_hidden=True)  # (2B, L, D)
+    logits, un_logits = head(torch.cat([h[:B][eligible], h[B:][eligible]], dim=0)).chunk(2, dim=0)  # (N, V) each
+    return un_logits + (cfg_scale + 1) * (logits - un_logits)
+
+
+# -----------------------------------------------------------------------------
+# The sampler
+
+
+@torch.no_grad()
+def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, block_length=128, temperature=0.,
+             cfg_scale=0., remasking="low_confidence", mask_id=None, generator=None):
+    """LLaDA's official generate(), batched. Returns x (B, prompt_len + gen_length), prompt included.
+
+    model: called as model(x, attention_mask=..., return_hidden=True) -> (B, L, D), with the LM head at
+        getattr(model, "module", model).head; put it in eval mode first (LoRA dropout).
+    prompt: (B, P) token ids; left-pad a batch of prompts and give attention_mask (B, P), 0 on the pads.
+    steps: sampling steps in all, split evenly over the gen_length / block_length blocks.
+    block_length < gen_length: semi-autoregressive, one block at a time, left to right.
+    temperature: 0 = greedy; > 0 samples with float64 Gumbel noise.
+    cfg_scale: unsupervised classifier-free guidance scale (0 = off).
+    remasking: "low_confidence" (unmask the most probable predictions) or "random".
+    mask_id: defaults to model.config.mask_token_id.
+    generator: torch.Generator on the prompt's device for the random draws (None: the global RNG, as official).
+        The draws have the official shapes and order ((B, L, V) float64 uniforms for the noise, then (B, L)
+        float32 for random remasking), so the same RNG state gives the official tokens.
+    """
+    raw = getattr(model, "module", model)
+    mask_id = raw.config.mask_token_id if mask_id is None else mask_id
+    if prompt.dim() != 2:
+        raise ValueError(f"sample.py generate: prompt must be (batch, prompt_len) token ids, got shape "
+                         f"{tuple(prompt.shape)}; use prompt[None] for a single prompt")
+    if attention_mask is not None and attention_mask.shape != prompt.shape:
+        raise ValueError(f"sample.py generate: attention_mask {tuple(attention_mask.shape)} must have the prompt's "
+                         f"shape {tuple(prompt.shape)}")
+    if gen_length <= 0 or block_length <= 0 or gen_length % block_length:
+        raise ValueError(f"sample.py generate: gen_length ({gen_length}) must be a positive multiple of block_length "
+                         f"({block_length}); e.g. block_length={gen_length} for a single block")
+    num_blocks = gen_length // block_length
+    if steps <= 0 or steps % num_blocks:
+        hint = num_blocks * max(1, steps // num_blocks)
+        raise ValueError(f"sample.py generate: steps ({steps}) must be a positive multiple of the number of blocks "
+                         f"gen_length / block_length = {num_blocks}; e.g. steps={hint}")
+    if remasking not in REMASKING:
+        raise ValueError(f"sample.py generate: remasking={remasking!r}; expected one of {REMASKING}")
+    steps_per_block = steps // num_blocks
+
+    # x = prompt then gen_length masks; the attention mask is extended with ones (the answer is attended to)
+    B, P = prompt.shape
+    L = P + gen_length
+    device = prompt.device
+    x = torch.full((B, L), mask_id, dtype=torch.long, device=device)
+    x[:, :P] = prompt
+    if attention_mask is not None:
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(B, gen_length)], dim=1)  # (B, L)
+    prompt_index = x != mask_id  # what CFG masks: every non-mask token at the start, left pads included
+    positions = torch.arange(L, device=device)
+
+    for num_block in range(num_blocks):
+        block_end = P + (num_block + 1) * block_length
+        block_mask_index = x[:, block_end - block_length:block_end] == mask_id  # (B, block_length)
+        num_transfer_tokens = get_num_transfer_tokens(block_mask_index, steps_per_block)  # (B, steps_per_block)
+        for i in range(steps_per_block):
+            mask_index = x == mask_id  # (B, L)
+            # the official confidence is -inf after the block and at unmasked positions: only these can change,
+            # masks left in earlier blocks included (the official code keeps them eligible too)
+            eligible = mask_index & (positions < block_end)  # (B, L), N True in all
+            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id)  # (N, V)
+
+            # candidates: argmax, or Gumbel-max if temperature > 0. The uniforms are drawn over the official
+            # (B, L, V), 8 bytes each as there, so that one RNG state gives the official tokens
+            u = None
+            if temperature != 0:
+                u = torch.rand((B, L, logits.shape[-1]), dtype=torch.float64, device=device, generator=generator)
+                u = u[eligible]  # (N, V)
+            x0 = torch.argmax(add_gumbel_noise(logits, temperature, u), dim=-1)  # (N,)
+
+            # confidence of each candidate, -inf where nothing may change; random remasking draws (B, L)
+            # float32 uniforms, as the official code
+            if remasking == "low_confidence":
+                x0_p = low_confidence(logits, x0)  # (N,), in the logits' dtype
+            else:
+                x0_p = torch.rand((B, L), device=device, generator=generator)[eligible]  # (N,)
+            confidence = torch.full((B, L), float("-inf"), dtype=x0_p.dtype, device=device)
+            confidence[eligible] = x0_p
+
+            # the k most confident positions take their candidates; a candidate equal to mask_id
+            # leaves its position masked (and eligible again at the next step), as in the official code
+            candidates = x.clone()
+            candidates[eligible] = x0
+            x = torch.where(transfer_index(confidence, num_transfer_tokens[:, i]), candidates, x)
+    return x
+
+
+# -----------------------------------------------------------------------------
+# Command line: chat with or complete from a checkpoint
+
+
+def decode_until_stop(tokenizer, ids):
+    """Text of the generated ids up to the first <|eot_id|> or <|endoftext|> (answers end in eot, then EOS pads)."""
+    stops = {tokenizer.token_to_id(t) for t in ("<|eot_id|>", "<|endoftext|>")} - {None}
+    end = next((i for i, t in enumerate(ids) if t in stops), len(ids))
+    return tokenizer.decode(ids[:end], skip_special_tokens=False)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Generate with LLaDA's block diffusion sampler.")
+    p.add_argument("--model", required=True, help="checkpoint folder: config.json, model.safetensors, tokenizer.json")
+    p.add_argument("--adapter", default=None,
+                   help="LoRA adapter folder (adapter_config.json, adapter_model.safetensors)")
+    p.add_argument("--prompt", default=None, help="the user message; without it, chat interactively on stdin")
+    p.add_argument("--raw", action="store_true", help="complete the prompt text as is, without the chat template")
+    p.add_argument("--gen-length", type=int, default=128, help="tokens to generate")
+    p.add_argument("--steps", type=int, default=None, help="sampling steps in all (default: gen-length)")
+    p.add_argument("--block-length", type=int, default=None, help="block length (default: min(32, gen-length))")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--cfg-scale", type=float, default=0.0, help="classifier-free guidance scale (0 = off)")
+    p.add_argument("--remasking", choices=REMASKING, default="low_confidence", help="remasking strategy")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
+                   help="weights dtype (default: bfloat16 on cuda, float32 on cpu)")
+    args = p.parse_args(argv)
+
+    # only the command line needs the model and tokenizer code; generate() above needs torch alone
+    from data import chat_prompt, encode, load_tokenizer
+    from model import LLaDA, load_adapter
+
+    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
+    model = LLaDA.from_pretrained(args.model, dtype=dtype, device=args.device)
+    if args.adapter:
+        load_adapter(model, args.adapter)  # adds LoRA layers (on the model's device) with the adapter's r / alpha
+    model.eval()  # LoRA dropout off
+    tokenizer = load_tokenizer(args.model)
+    generator = torch.Generator(args.device).manual_seed(args.seed)
+    block_length = args.block_length or min(32, args.gen_length)
+
+    def reply(text):
+        ids = encode(tokenizer, text)  # the chat text carries its own special tokens; nothing is added
+        prompt = torch.tensor([ids], dtype=torch.long, device=args.device)
+        out = generate(model, prompt, steps=args.steps or args.gen_length, gen_length=args.gen_length,
+                       block_length=block_length, temperature=args.temperature, cfg_scale=args.cfg_scale,
+                       remasking=args.remasking, generator=generator)
+        return decode_until_stop(tokenizer, out[0, len(ids):].tolist())
+
+    if args.prompt is not None:
+        print(reply(args.prompt if args.raw else chat_prompt([{"role": "user", "content": args.prompt}])))
+        return
+    messages = []  # interactive multi-turn chat: the whole conversation is the prompt of each turn
+    while True:
+        try:
+            text = input("user> ")
+        except EOFError:
+            break
+        if args.raw:
+            print(reply(text))
+            continue
+        messages.append({"role": "user", "content": text})
+        answer = reply(chat_prompt(messages))
+        messages.append({"role": "assistant", "content": answer})
+        print(f"assistant> {answer}")
+
+
+if __name__ == "__main__":
+    main()
