@@ -605,7 +605,7 @@ def load_checkpoint(model, optimizer, scheduler, opts, world):
     if meta["world_size"] != world:
         raise ValueError(f"--resume: {ckpt} was written by {meta['world_size']} processes, now {world}: "
                          "the global RNG states (LoRA dropout) are saved per rank")
-    sd_opts = StateDictOptions(ignore_frozen_params=opts.lora)
+    sd_opts = StateDictOptions(ignore_frozen_params=opts.lora, strict=not opts.lora)  # LoRA: adapters only
     model_sd, optim_sd = get_state_dict(model, optimizer, options=sd_opts)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(ckpt / "train_state"))
@@ -676,6 +676,8 @@ def train(opts):
 
     autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and dtype == torch.bfloat16
                 else contextlib.nullcontext())
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
     metrics = open(out / "metrics.jsonl", "a") if rank == 0 else None
     t_start, tokens_seen, window = time.time(), 0, []
     model.train()

@@ -1,0 +1,707 @@
+"""Evaluate a LLaDA checkpoint on Sudoku, Countdown, GSM8K and MATH500 with the d1 / wd1 protocol, so that numbers
+are comparable with the GIFT paper's tables (which take their baselines from d1, Zhao et al. 2025).
+
+Protocol (d1's eval/*.py): one user turn = instruction + "\\n\\n" + question, LLaDA's chat template, then the literal
+text "<reasoning>" after the assistant header; greedy block diffusion sampling (block 32, steps = gen_length / 2,
+low-confidence remasking); d1's answer extraction and grading rules, quirks included (listed above the graders).
+Checked against d1's own stored generations of LLaDA-8B-Instruct (tests/test_eval.py).
+
+    torchrun --nproc_per_node 8 eval.py --model DIR [--adapter DIR] --task gsm8k --data gsm8k_test.jsonl \\
+        [--shots 5 --shot-data gsm8k_train.jsonl] [--seeds 0 1 2] [--out results.json]
+    python eval.py --model DIR --task sudoku --data sudoku_4x4_test.csv --prompt-style plain   # one process
+"""
+
+import argparse
+import ast
+import csv
+import itertools
+import json
+import math
+import operator
+import os
+import random
+import re
+import statistics
+import time
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from data import chat_prompt, encode, load_tokenizer
+from sample import generate
+
+# -----------------------------------------------------------------------------
+# Protocol constants (d1, github.com/dllm-reasoning/d1, eval/{gsm8k,math500,countdown,sudoku}.py, commit 837888f).
+# They must equal ../shared/data/d1_prompts.json character for character (a test checks). Stray spaces, the missing
+# space before "Respond" in the Countdown prompt and the MATH500 prompt's trailing '" \n' are d1's own.
+
+GSM_SYSTEM_PROMPT = (
+    "You are a math expert. You will be given a question to solve. Solve it step by step. Wrap the final answer "
+    "in a \\boxed{}. \nRespond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n"
+    "<answer>\n\\boxed{...}\n</answer>")
+MATH500_SYSTEM_PROMPT = (
+    "You are a math expert. You will be given a question to solve. Solve it step by step. Wrap the final answer "
+    "in a \\boxed{}.\nRespond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n"
+    "<answer>\n\\boxed{...}\n</answer>\" \n")
+CTD_SYSTEM_PROMPT = (
+    "Using only the provided numbers, create an arithmetic expression that evaluates to exactly the provided target "
+    "number. You may use the operations +, -, *, and / as needed, but each number must be used exactly once. Think "
+    "step-by-step. After reasoning, provide only your final expression inside \\boxed{} tags without including an "
+    "equals sign or the target number. For example: \\boxed{a + b * c}Respond in the following format:\n"
+    "<reasoning>\nYour reasoning here\n</reasoning>\n<answer>\n\\boxed{...}\n</answer>")
+SUDOKU_SYSTEM_PROMPT = (
+    "\nPlease solve the following 4x4 Sudoku puzzle. The puzzle is provided as a 16-character string reading "
+    "left-to-right, top-to-bottom, where '0' represents empty cells.\n\nRules:\n- Fill empty cells with digits 1-4\n"
+    "- Each row must contain digits 1-4 exactly once\n- Each column must contain digits 1-4 exactly once\n"
+    "- Each 2x2 box must contain digits 1-4 exactly once\n\nImportant: Your solution must be a COMPLETE 16-character "
+    "string with only the digits 1-4, representing your final solved grid.\n\nRespond in this exact format:\n"
+    "<reasoning>\nYour step-by-step solving process\n</reasoning>\n<answer>\n"
+    "[16-character solution string with no spaces or separators]\n</answer>\n")
+
+TASKS = ("sudoku", "countdown", "gsm8k", "math500")
+INSTRUCTIONS = dict(gsm8k=GSM_SYSTEM_PROMPT, math500=MATH500_SYSTEM_PROMPT, countdown=CTD_SYSTEM_PROMPT,
+                    sudoku=SUDOKU_SYSTEM_PROMPT)
+# question templates; GSM8K and MATH500 use the problem text as is. Countdown's numbers print as a Python list.
+COUNTDOWN_QUESTION = "Numbers: {numbers}\nTarget: {target}"
+SUDOKU_QUESTION = "Solve the following Sudoku puzzle: {puzzle}\n"  # the "\n" is d1's; the chat template strips it
+ASSISTANT_PREFIX = "<reasoning>"  # d1 appends it after the assistant header: the model continues its reasoning
+
+GEN_LENGTH = dict(sudoku=512, countdown=512, gsm8k=256, math500=256)  # d1's defaults (the paper's tables)
+BLOCK_LENGTH = 32  # steps default to gen_length // 2 (two tokens unmasked per step)
+SUDOKU_SUBSET = 256  # d1 grades 256 of the 500 test puzzles: np.random.seed(42); np.random.choice(500, 256, ...)
+SUDOKU_SUBSET_SEED = 42
+PROMPT_STYLES = ("d1", "plain")  # plain: the question alone, nothing after the assistant header (embedded task)
+
+# -----------------------------------------------------------------------------
+# Benchmark loaders. Each item is a dict with "question" (the text after the instruction) and the gold fields the
+# grader needs; GSM8K / MATH500 items also carry the worked solution ("reasoning") for few-shot examples.
+
+
+def _jsonl_rows(path):
+    """(line number, object) for each non-blank line; a bad line raises naming the file and line."""
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}, line {line_no}: invalid JSON ({e.msg}, column {e.colno})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}, line {line_no}: expected a JSON object, got {type(row).__name__}")
+            yield line_no, row
+
+
+def _field(row, key, path, line_no, hint=""):
+    if not isinstance(row.get(key), str):
+        raise ValueError(f"{path}, line {line_no}: field {key!r} missing or not a string{hint}")
+    return row[key]
+
+
+def parse_gsm8k_gold(answer):
+    """The number after "####", commas removed. Unlike d1 (regex `####\\s*\\$?([\\d,]+(?:\\.\\d+)?)`, which misses the
+    sign and so marks the two negative golds of the test set, -10 and -3, wrong whatever the model says), the
+    sign is kept. None when there is no number."""
+    m = re.search(r"####\s*\$?(-?[\d,]+(?:\.\d+)?)", answer)
+    return float(m.group(1).replace(",", "")) if m else None
+
+
+def load_gsm8k(path):
+    """GSM8K JSONL rows {"question", "answer": "...worked solution...\\n#### 18"}."""
+    items = []
+    for line_no, row in _jsonl_rows(path):
+        question = _field(row, "question", path, line_no)
+        answer = _field(row, "answer", path, line_no, " (GSM8K's worked solution ending in '#### <number>')")
+        gold = parse_gsm8k_gold(answer)
+        if gold is None:
+            raise ValueError(f"{path}, line {line_no}: field 'answer' has no '#### <number>' final answer")
+        reasoning = re.sub(r"<<[^>]*>>", "", answer.split("####")[0]).strip()  # drop the calculator annotations
+        items.append(dict(question=question, gold=gold, reasoning=reasoning))
+    return items
+
+
+def load_math500(path):
+    """MATH500 JSONL rows {"problem", "answer", "solution", ...} (OpenAI's prm800k test split)."""
+    items = []
+    for line_no, row in _jsonl_rows(path):
+        question = _field(row, "problem", path, line_no)
+        gold = _field(row, "answer", path, line_no, " (the final answer in LaTeX)")
+        reasoning = row.get("solution") if isinstance(row.get("solution"), str) else ""
+        items.append(dict(question=question, gold=gold, reasoning=reasoning))
+    return items
+
+
+def load_countdown(path):
+    """Countdown JSONL rows {"input": "30,100,93", "output": "23"}."""
+    items = []
+    for line_no, row in _jsonl_rows(path):
+        raw_numbers = _field(row, "input", path, line_no, " (comma-separated integers, e.g. \"30,100,93\")")
+        raw_target = _field(row, "output", path, line_no, " (the target integer as a string, e.g. \"23\")")
+        try:
+            numbers = [int(n) for n in raw_numbers.split(",")]
+            target = int(raw_target)
+        except ValueError:
+            raise ValueError(f"{path}, line {line_no}: 'input' {raw_numbers!r} / 'output' {raw_target!r} are not "
+                             "comma-separated integers / an integer") from None
+        items.append(dict(question=COUNTDOWN_QUESTION.format(numbers=numbers, target=target),
+                          numbers=numbers, target=target))
+    return items
+
+
+def sudoku_subset(n_rows, k=SUDOKU_SUBSET, seed=SUDOKU_SUBSET_SEED):
+    """d1's evaluation subset: np.random.seed(42); np.random.choice(n, 256, replace=False) (legacy RandomState),
+    in that order. For d1's 500-puzzle file it starts 361, 73, 374, 155, ...; files with fewer than k rows are
+    only shuffled."""
+    return np.random.RandomState(seed).choice(n_rows, min(k, n_rows), replace=False).tolist()
+
+
+def load_sudoku(path, subset=True):
+    """Sudoku CSV with header Puzzle,Solution: 16-character strings read as text (leading zeros matter), 0 = blank.
+    subset=True keeps d1's 256 puzzles in d1's order."""
+    rows = []
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        if not reader.fieldnames or not {"Puzzle", "Solution"} <= set(reader.fieldnames):
+            raise ValueError(f"{path}, line 1: expected a header with columns Puzzle,Solution, got {reader.fieldnames}")
+        for row in reader:
+            line_no = reader.line_num
+            puzzle, solution = (row["Puzzle"] or "").strip(), (row["Solution"] or "").strip()
+            if not re.fullmatch(r"[0-4]{16}", puzzle) or not re.fullmatch(r"[1-4]{16}", solution):
+                raise ValueError(f"{path}, line {line_no}: Puzzle {puzzle!r} / Solution {solution!r} must be 16 "
+                                 "digits (0-4 / 1-4); read the CSV as text so leading zeros are kept")
+            rows.append(dict(question=SUDOKU_QUESTION.format(puzzle=puzzle), puzzle=puzzle, solution=solution))
+    if subset:
+        rows = [rows[i] for i in sudoku_subset(len(rows))]
+    return rows
+
+
+def load_benchmark(task, path):
+    loaders = dict(gsm8k=load_gsm8k, math500=load_math500, countdown=load_countdown, sudoku=load_sudoku)
+    if task not in loaders:
+        raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+    items = loaders[task](path)
+    if not items:
+        raise ValueError(f"{path}: no items found")
+    return items
+
+
+# -----------------------------------------------------------------------------
+# Prompts. d1 style: user turn = instruction + "\n\n" + question, chat template, then "<reasoning>". Plain style
+# (the embedded tiny-model Sudoku task, trained on "<answer>{16 digits}</answer>"): user turn = the question alone,
+# nothing after the assistant header.
+#
+# Few-shot (the paper's 5-shot appendix; d1's few-shot code was broken): K solved examples go in the same user
+# turn, between the instruction and the question, each as
+#     Example question:\n{question}\nExample response:\n{response}\n\n
+# then "Question:\n{question}". {response} is a complete answer in the instruction's format,
+# "<reasoning>\n{reasoning}\n</reasoning>\n<answer>\n{final}\n</answer>" (plain style: "<answer>{final}</answer>"),
+# with {reasoning} the data's worked solution (GSM8K without its <<calculator>> notes, MATH's "solution") or a
+# one-line check (Countdown: "{expression} = {target}", Sudoku: "The completed grid is {solution}.") and {final}
+# "\boxed{gold}" (Countdown: a solution found by brute force; Sudoku: the solution string).
+
+
+def _number_text(x):
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def solve_countdown(numbers, target):
+    """An expression using each number once with + - * / that reaches target (within 1e-5), or None."""
+    def search(terms):  # terms: [(value, text)]; combine two at a time until one is left
+        if len(terms) == 1:
+            return terms[0][1] if abs(terms[0][0] - target) < 1e-5 else None
+        for i, j in itertools.permutations(range(len(terms)), 2):
+            (a, ta), (b, tb) = terms[i], terms[j]
+            rest = [t for k, t in enumerate(terms) if k not in (i, j)]
+            options = [(a + b, "+"), (a - b, "-"), (a * b, "*")] + ([(a / b, "/")] if b != 0 else [])
+            for value, op in options:
+                found = search(rest + [(value, f"({ta} {op} {tb})")])
+                if found:
+                    return found
+        return None
+
+    found = search([(n, str(n)) for n in numbers])
+    return found[1:-1] if found and len(numbers) > 1 else found  # drop the outermost parentheses
+
+
+def shot_response(task, item, style="d1"):
+    """A full model answer for a solved example (see the few-shot format above)."""
+    if task in ("gsm8k", "math500"):
+        gold = _number_text(item["gold"]) if task == "gsm8k" else item["gold"]
+        final, reasoning = "\\boxed{" + gold + "}", item.get("reasoning", "")
+    elif task == "countdown":
+        expression = solve_countdown(item["numbers"], item["target"])
+        if expression is None:
+            raise ValueError(f"few-shot example {item['question']!r} has no solution; use another shot file")
+        final, reasoning = "\\boxed{" + expression + "}", f"{expression} = {item['target']}"
+    elif task == "sudoku":
+        final, reasoning = item["solution"], f"The completed grid is {item['solution']}."
+    else:
+        raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+    if style == "plain":
+        return f"<answer>{final}</answer>"
+    return f"<reasoning>\n{reasoning.strip()}\n</reasoning>\n<answer>\n{final}\n</answer>"
+
+
+def build_prompt(task, item, style="d1", shots=()):
+    """The prompt text for one item: chat template around one user turn (see above). shots: solved items."""
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"unknown prompt style {style!r}; choose one of {PROMPT_STYLES}")
+    user = "".join(f"Example question:\n{s['question'].strip()}\nExample response:\n{shot_response(task, s, style)}\n\n"
+                   for s in shots)
+    user += ("Question:\n" if shots else "") + item["question"]
+    if style == "d1":
+        return chat_prompt([{"role": "user", "content": INSTRUCTIONS[task] + "\n\n" + user}]) + ASSISTANT_PREFIX
+    return chat_prompt([{"role": "user", "content": user}])
+
+
+def pick_shots(shot_items, k, seed):
+    """K solved examples drawn with `seed`, so several seeds also average over the choice of examples."""
+    if k > len(shot_items):
+        raise ValueError(f"--shots {k} but the shot file has only {len(shot_items)} items")
+    return random.Random(seed).sample(shot_items, k) if k else []
+
+
+# -----------------------------------------------------------------------------
+# Graders: d1's rules (eval/parse_and_get_acc.py and the Hendrycks MATH helpers it uses), reproduced exactly;
+# they give d1's published LLaDA-8B-Instruct numbers on d1's stored generations (tests/test_eval.py).
+#
+# d1 quirks reproduced on purpose:
+#   GSM8K  - only \boxed{...} up to the FIRST "}" is seen (r"\\boxed{(.*?)}", no DOTALL): "\boxed{\frac{1}{2}}"
+#            reads "\frac{1" and so the number 1; a box spanning lines is not seen at all.
+#          - boxes are tried in order, the FIRST that yields a number wins (not the last, the final answer);
+#            contents that are empty, "..." or only dots are skipped.
+#          - inside a box: float(content) (Python's float: "1_000", "inf", "nan" parse), else the FIRST
+#            -?\d+\.?\d* match; so "\boxed{18 dollars}" is 18 but "\boxed{x = 5, y = 3}" is 5 and
+#            "\boxed{1,000}" is 1 (the comma stops the number).
+#          - no box number: the first <answer>...</answer> (across lines), stripped: float, else its LAST number.
+#          - the gold from "####" loses its sign in d1 (its regex has no "-"), so the two negative-gold problems
+#            (-10, -3) are always wrong there. parse_gsm8k_gold keeps the sign: a DIFFERENCE from d1. Both problems
+#            are among d1's 1130 stored generations and LLaDA-8B-Instruct answers them right (2, 2, 1 of the 2 at
+#            gen length 128 / 256 / 512), so our gold gives 69.5 / 76.5 / 78.2 there instead of d1's 69.3 / 76.4 / 78.1.
+#   MATH   - last_boxed_only_string: if "\boxed " (with a space) occurs anywhere, the text after its last
+#            occurrence up to the next "$" is the answer, even if a later "\boxed{...}" exists.
+#          - otherwise the last "\boxed" (else last "\fbox") with braces counted from there; no box at all means the
+#            WHOLE generation is the candidate (so it almost never matches); unclosed braces or an empty candidate
+#            fall back to the first <answer>...</answer> content. A "\fbox{...}" span is kept whole (only a
+#            "\boxed{" prefix is removed); d1's stored generations have no \fbox, so this case is unverified.
+#          - equivalence is Hendrycks' strip_string string equality (no symbolic math): "0.5" == "\frac{1}{2}" but
+#            "1/2" == "\frac{1}{2}" only as a whole; when any step raises (two "\text{ ", "\sqrt" or "\frac" at the
+#            very end, non-integer "a/b"), the RAW strings are compared instead.
+#   Countdown - the expression is the MATH candidate (whole text when there is no box; <answer> content, else the
+#            whole text, only when the braces never close; an empty box is NOT replaced).
+#          - "\div", "\times", "\cdot" become / * *; if `[0-9+\-*/() ]+=[0-9. ]+` matches, only the run of those
+#            characters just before the first such "=" is kept ("x = 3 + 4 = 7" -> "3 + 4").
+#          - valid iff the sorted integers in it (\d+, so "2.5" counts as 2 and 5) equal the sorted given numbers.
+#          - evaluated as Python arithmetic would (only digits, + - * / ( ) . and white space allowed): "**" is a
+#            power, "//" floor division, "07" a syntax error, leading spaces and tabs ignored. d1 calls eval(); we
+#            walk the ast with a whitelist instead, and count powers with results above 2**100000 bits as errors
+#            (eval would hang or run out of memory; such a value can never be within 1e-5 of the target).
+#          - correct iff |value - target| < 1e-5; any error counts as a miss.
+#   Sudoku - the answer is the first NON-EMPTY (after strip) capture of five patterns in order, all with DOTALL
+#            (see SUDOKU_PATTERNS); white space removed, then padded with "0" or cut to 16 characters (so a
+#            too-long or shifted answer is scored cell by cell as is).
+#          - score = correct cells among the puzzle's empty cells; accuracy = total correct / total empty cells
+#            over all puzzles (not solved puzzles).
+
+ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+NUMBER = re.compile(r"-?\d+\.?\d*")
+
+
+def _float_or_none(text):
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def grade_gsm8k(generation, gold):
+    """d1's GSM8K rule: the first box holding a number, else the <answer> tag; correct iff the float equals gold."""
+    pred = None
+    for box in re.findall(r"\\boxed{(.*?)}", generation):
+        box = box.strip()
+        if not box or box == "..." or re.match(r"^\.+$", box):
+            continue
+        pred = _float_or_none(box)
+        if pred is None and NUMBER.findall(box):
+            pred = float(NUMBER.findall(box)[0])
+        if pred is not None:
+            break
+    if pred is None:
+        m = ANSWER_TAG.search(generation)
+        text = m.group(1).strip() if m else ""
+        if text:
+            pred = _float_or_none(text)
+            if pred is None and NUMBER.findall(text):
+                pred = float(NUMBER.findall(text)[-1])
+    return pred is not None and pred == float(gold)
+
+
+def last_boxed(text):
+    """remove_boxed(last_boxed_only_string(text)) as d1 uses them: the last box's content, the whole text when
+    there is no box, None when the braces never close."""
+    if "\\boxed " in text:
+        return text.split("\\boxed ")[-1].split("$")[0]
+    start = text.rfind("\\boxed")
+    if start < 0:
+        start = text.rfind("\\fbox")
+    if start < 0:
+        return text
+    depth = 0
+    for i in range(start, len(text)):  # count braces from the box on; the first return to depth 0 closes it
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                box = text[start:i + 1]
+                return box[len("\\boxed{"):-1] if box.startswith("\\boxed{") else box
+    return None
+
+
+# Hendrycks et al.'s MATH normalisation (github.com/hendrycks/math, math_equivalence.py), step by step. The helpers
+# raise on inputs they cannot handle; strip_string lets that propagate and math_equiv compares raw strings then.
+
+def _fix_fracs(string):
+    """\\frac12 -> \\frac{1}{2}, \\frac1b -> \\frac{1}{b}, \\frac1{72} -> \\frac{1}{72}."""
+    parts = string.split("\\frac")
+    new = parts[0]
+    for part in parts[1:]:
+        new += "\\frac"
+        if part[0] == "{":  # IndexError when "\frac" ends the string: the step fails
+            new += part
+        elif len(part) < 2:
+            return string  # Hendrycks: a one-character remainder leaves the whole string unchanged
+        elif part[1] != "{":
+            new += "{" + part[0] + "}{" + part[1] + "}" + part[2:]
+        else:
+            new += "{" + part[0] + "}" + part[1:]
+    return new
+
+
+def _fix_a_slash_b(string):
+    """"a/b" with integers a, b written plainly -> \\frac{a}{b}; int() of a non-integer raises: the step fails."""
+    if len(string.split("/")) != 2:
+        return string
+    a, b = string.split("/")
+    a, b = int(a), int(b)  # ValueError propagates, as in Hendrycks (only AssertionError is caught there)
+    return f"\\frac{{{a}}}{{{b}}}" if string == f"{a}/{b}" else string
+
+
+def _remove_right_units(string):
+    """Keep what precedes "\\text{ " (units); more than one occurrence fails (Hendrycks asserts there is one)."""
+    if "\\text{ " not in string:
+        return string
+    parts = string.split("\\text{ ")
+    if len(parts) != 2:
+        raise ValueError("more than one '\\text{ '")
+    return parts[0]
+
+
+def _fix_sqrt(string):
+    """\\sqrt3 -> \\sqrt{3}; "\\sqrt" at the very end raises (IndexError): the step fails."""
+    parts = string.split("\\sqrt")
+    new = parts[0]
+    for part in parts[1:]:
+        new += "\\sqrt" + part if part[0] == "{" else "\\sqrt{" + part[0] + "}" + part[1:]
+    return new
+
+
+def strip_string(string):
+    """Hendrycks' _strip_string, in its order. May raise (see the helpers)."""
+    string = string.replace("\n", "").replace("\\!", "")
+    string = string.replace("\\\\", "\\")
+    string = string.replace("tfrac", "frac").replace("dfrac", "frac")
+    string = string.replace("\\left", "").replace("\\right", "")
+    string = string.replace("^{\\circ}", "").replace("^\\circ", "")
+    string = string.replace("\\$", "")
+    string = _remove_right_units(string)
+    string = string.replace("\\%", "")
+    string = string.replace(" .", " 0.").replace("{.", "{0.")
+    if not string:
+        return string
+    if string[0] == ".":
+        string = "0" + string
+    if len(string.split("=")) == 2 and len(string.split("=")[0]) <= 2:
+        string = string.split("=")[1]  # "k = 5" -> " 5"
+    string = _fix_sqrt(string)
+    string = string.replace(" ", "")
+    string = _fix_fracs(string)
+    if string == "0.5":
+        string = "\\frac{1}{2}"
+    return _fix_a_slash_b(string)
+
+
+def math_equiv(a, b):
+    """Hendrycks' is_equiv: strip_string equality, or raw equality when a step fails."""
+    try:
+        return strip_string(a) == strip_string(b)
+    except Exception:
+        return a == b
+
+
+def grade_math(generation, gold):
+    """d1's MATH500 rule: last box (whole text if none), <answer> content if unclosed or empty, then is_equiv."""
+    candidate = last_boxed(generation)
+    if not candidate:
+        m = ANSWER_TAG.search(generation)
+        candidate = m.group(1).strip() if m else candidate
+    return candidate is not None and math_equiv(candidate, gold)
+
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Pow: operator.pow}
+_UNARYOPS = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+MAX_POWER_BITS = 100_000
+
+
+def _arith(node):
+    """Evaluate an ast of numbers and + - * / // ** with Python's semantics; anything else raises."""
+    if isinstance(node, ast.Expression):
+        return _arith(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARYOPS:
+        return _UNARYOPS[type(node.op)](_arith(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        a, b = _arith(node.left), _arith(node.right)  # left first, as Python
+        if (isinstance(node.op, ast.Pow) and isinstance(a, int) and isinstance(b, int) and abs(a) > 1
+                and b * math.log2(abs(a)) > MAX_POWER_BITS):
+            raise OverflowError("power too large")  # eval would compute a huge integer (or never finish)
+        return _BINOPS[type(node.op)](a, b)
+    raise ValueError(f"not arithmetic: {type(node).__name__}")
+
+
+def eval_arithmetic(expression):
+    """The value Python's eval would give an arithmetic expression, without eval; raises on anything else."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. SyntaxWarning for "3(4)"
+        tree = ast.parse(expression.lstrip(" \t"), mode="eval")  # eval() drops leading spaces and tabs, so do we
+    return _arith(tree)
+
+
+def grade_countdown(generation, numbers, target):
+    """d1's Countdown rule: the boxed expression uses exactly the given numbers and evaluates to the target."""
+    equation = last_boxed(generation)
+    if equation is None:  # braces never close
+        m = ANSWER_TAG.search(generation)
+        equation = m.group(1).strip() if m else generation
+    equation = equation.replace("\\div", "/").replace("\\times", "*").replace("\\cdot", "*")
+    m = re.search(r"([0-9+\-*/() ]+)=[0-9. ]+", equation)
+    if m:
+        equation = m.group(1).strip()
+    if sorted(int(n) for n in re.findall(r"\d+", equation)) != sorted(numbers):
+        return False
+    if not re.match(r"^[\d+\-*/().\s]+$", equation):
+        return False
+    try:
+        value = eval_arithmetic(equation)
+        return abs(value - target) < 1e-5
+    except Exception:  # syntax errors, division by zero, overflow: the value is "infinity", never the target
+        return False
+
+
+SUDOKU_PATTERNS = (
+    r"<answer>.*?```\s*([\d\s]+)```",  # a code fence inside the answer
+    r"<answer>(.*?)(?:<\|eot_id\|>|<\|endoftext\|>|</answer>)",  # the answer up to its end
+    r"</answer>\s*(.*?)(?:<\|eot_id\|>|<\|endoftext\|>|$)",  # text after </answer>
+    r".*?(\d{16})\s*</answer>",  # 16 digits just before </answer>
+    r"\b(\d{16})\b",  # any standalone 16-digit run
+)
+
+
+def extract_sudoku(generation):
+    """d1's Sudoku answer string: first non-empty capture of SUDOKU_PATTERNS, white space removed ("" if none)."""
+    for pattern in SUDOKU_PATTERNS:
+        m = re.search(pattern, generation, re.DOTALL)
+        if m and m.group(1).strip():
+            return re.sub(r"\s", "", m.group(1).strip())
+    return ""
+
+
+def grade_sudoku(generation, puzzle, solution):
+    """(correct cells, empty cells): the puzzle's empty cells that the answer (padded with "0" / cut to 16) fills
+    as in the solution."""
+    empty = [i for i in range(16) if puzzle[i] == "0"]
+    answer = extract_sudoku(generation)
+    if not answer:
+        return 0, len(empty)
+    answer = answer[:16].ljust(16, "0")
+    return sum(answer[i] == solution[i] for i in empty), len(empty)
+
+
+def grade(task, generation, item):
+    """The grade fields of one record: {"correct"} or, for Sudoku, {"correct_cells", "empty_cells"}."""
+    if task == "gsm8k":
+        return dict(correct=grade_gsm8k(generation, item["gold"]))
+    if task == "math500":
+        return dict(correct=grade_math(generation, item["gold"]))
+    if task == "countdown":
+        return dict(correct=grade_countdown(generation, item["numbers"], item["target"]))
+    if task == "sudoku":
+        correct, empty = grade_sudoku(generation, item["puzzle"], item["solution"])
+        return dict(correct_cells=correct, empty_cells=empty)
+    raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+
+
+def accuracy(task, records):
+    """Percent: share of correct answers; for Sudoku, correct cells / empty cells over all puzzles (d1)."""
+    if task == "sudoku":
+        return 100.0 * sum(r["correct_cells"] for r in records) / max(1, sum(r["empty_cells"] for r in records))
+    return 100.0 * sum(r["correct"] for r in records) / max(1, len(records))
+
+
+# -----------------------------------------------------------------------------
+# Generation and grading, one process or torchrun
+
+
+def _dist():
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_length=BLOCK_LENGTH, batch_size=8,
+             prompt_style="d1", shots=(), temperature=0.0, seed=0, log=False):
+    """Generate an answer for every item and grade it. Returns (accuracy in %, records sorted by item) on rank 0
+    and (None, None) on the other ranks; without torch.distributed (or one rank) it is a plain function.
+
+    Rank r takes items r, r + W, r + 2W, ... and rank 0 gathers. Prompts are left-padded (pad_token_id) with an
+    attention mask. Every rank runs the same number of batches (a short rank repeats item 0 and drops the result),
+    so a sharded model (FSDP) keeps its collectives in step. The generated part is decoded with special tokens kept
+    ("<|eot_id|>", "<|endoftext|>"), as d1 stores and grades it. seed drives the sampling noise (temperature > 0).
+    Under NCCL each rank must have called torch.cuda.set_device(local_rank) first (gather_object needs it).
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+    gen_length = gen_length or GEN_LENGTH[task]
+    steps = steps or gen_length // 2
+    rank, world = _dist()
+    raw = getattr(model, "module", model)  # DDP: call the real module (its forward would sync buffers)
+    was_training = raw.training
+    raw.eval()  # LoRA dropout off
+    device = next(raw.parameters()).device
+    pad_id = raw.config.pad_token_id
+    generator = torch.Generator(device).manual_seed(seed * 1000 + rank)
+
+    mine = list(range(rank, len(items), world))
+    n_batches = math.ceil(math.ceil(len(items) / world) / batch_size)  # the same on every rank
+    records, start = [], time.time()
+    for b in range(n_batches):
+        idx = mine[b * batch_size:(b + 1) * batch_size]
+        ids = [encode(tokenizer, build_prompt(task, items[i], prompt_style, shots)) for i in idx or [0]]
+        P = max(len(x) for x in ids)
+        prompt = torch.full((len(ids), P), pad_id, dtype=torch.long)  # (B, P), left-padded
+        attention_mask = torch.zeros((len(ids), P), dtype=torch.long)  # (B, P), 1 = real token
+        for r, x in enumerate(ids):
+            prompt[r, P - len(x):] = torch.tensor(x, dtype=torch.long)
+            attention_mask[r, P - len(x):] = 1
+        out = generate(raw, prompt.to(device), attention_mask=attention_mask.to(device), steps=steps,
+                       gen_length=gen_length, block_length=block_length, temperature=temperature,
+                       remasking="low_confidence", generator=generator)  # (B, P + gen_length)
+        for r, i in enumerate(idx):
+            text = tokenizer.decode(out[r, P:].tolist(), skip_special_tokens=False)
+            gold = {k: v for k, v in items[i].items() if k not in ("question", "reasoning")}
+            records.append(dict(index=i, question=items[i]["question"], generation=text, **gold,
+                                **grade(task, text, items[i])))
+        if log and rank == 0:
+            print(f"  batch {b + 1}/{n_batches} ({time.time() - start:.0f}s)", flush=True)
+
+    if world > 1:
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(records, gathered, dst=0)
+        records = [r for part in gathered for r in part] if rank == 0 else None
+    raw.train(was_training)
+    if rank != 0:
+        return None, None
+    records.sort(key=lambda r: r["index"])
+    return accuracy(task, records), records
+
+
+# -----------------------------------------------------------------------------
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description="Evaluate a LLaDA checkpoint with the d1 / wd1 protocol "
+                                            "(torchrun --nproc_per_node N eval.py ... for several GPUs).")
+    p.add_argument("--model", required=True, help="checkpoint folder: config.json, model.safetensors, tokenizer.json")
+    p.add_argument("--adapter", default=None, help="LoRA adapter folder to load on top (merged before sampling)")
+    p.add_argument("--task", required=True, choices=TASKS, help="benchmark (sets the grader and the instruction)")
+    p.add_argument("--data", required=True, help="test file: GSM8K / MATH500 / Countdown JSONL or Sudoku CSV")
+    p.add_argument("--shots", type=int, default=0, help="solved examples put before each question (needs --shot-data)")
+    p.add_argument("--shot-data", default=None,
+                   help="file in the --data format (a train split, not the test file) to draw the solved examples from")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0],
+                   help="one run per seed (sampling noise and few-shot choice); mean and std are reported")
+    p.add_argument("--gen-length", type=int, default=None, help="tokens to generate (default: 512 Sudoku / "
+                                                                  "Countdown, 256 GSM8K / MATH500)")
+    p.add_argument("--steps", type=int, default=None, help="sampling steps (default: gen-length / 2)")
+    p.add_argument("--block-length", type=int, default=BLOCK_LENGTH, help="semi-autoregressive block length")
+    p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call on each rank")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the protocol)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N items (a quick check)")
+    p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="d1",
+                   help="d1: instruction + question, then '<reasoning>'; plain: the question alone (embedded task)")
+    p.add_argument("--out", default=None, help="JSON file for all generations with their grades")
+    args = p.parse_args(argv)
+    if args.shots and not args.shot_data:
+        p.error("--shots needs --shot-data (a file to take the solved examples from)")
+
+    # torchrun sets WORLD_SIZE / LOCAL_RANK; a plain `python eval.py` is one process
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device, dtype = torch.device("cuda", local_rank), torch.bfloat16
+    else:
+        device, dtype = torch.device("cpu"), torch.float32
+    if distributed:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    rank = _dist()[0]
+
+    from model import LLaDA, load_adapter, merge_lora  # only the command line needs the model code
+
+    model = LLaDA.from_pretrained(args.model, dtype=dtype, device=device)
+    if args.adapter:
+        load_adapter(model, args.adapter)
+        merge_lora(model.to(device))  # one weight per layer: faster sampling, same function
+    model.eval()
+    tokenizer = load_tokenizer(args.model)
+    items = load_benchmark(args.task, args.data)[:args.limit]
+    shot_items = load_benchmark(args.task, args.shot_data) if args.shots else []
+    gen_length = args.gen_length or GEN_LENGTH[args.task]
+    steps = args.steps or gen_length // 2
+
+    runs = []
+    for seed in args.seeds:
+        if rank == 0:
+            print(f"{args.task}: {len(items)} items, seed {seed}, gen_length {gen_length}, steps {steps}, "
+                  f"block {args.block_length}, {args.shots}-shot, {args.prompt_style} prompts", flush=True)
+        acc, records = evaluate(model, tokenizer, items, args.task, gen_length=gen_length, steps=steps,
+                                block_length=args.block_length, batch_size=args.batch_size,
+                                prompt_style=args.prompt_style, shots=pick_shots(shot_items, args.shots, seed),
+                                temperature=args.temperature, seed=seed, log=True)
+        if rank == 0:
+            print(f"seed {seed}: accuracy {acc:.2f}%", flush=True)
+            runs.append(dict(seed=seed, accuracy=acc, records=records))
+
+    if rank == 0:
+        accs = [r["accuracy"] for r in runs]
+        mean, std = statistics.mean(accs), (statistics.stdev(accs) if len(accs) > 1 else 0.0)  # sample std
+        print(f"{args.task} accuracy: {mean:.2f}" + (f" +- {std:.2f} (std over {len(accs)} seeds)" if len(accs) > 1
+                                                      else "") + " %")
+        if args.out:
+            result = dict(task=args.task, model=args.model, adapter=args.adapter, data=args.data,
+                          gen_length=gen_length, diffusion_steps=steps, block_length=args.block_length,
+                          shots=args.shots, shot_data=args.shot_data, prompt_style=args.prompt_style,
+                          temperature=args.temperature, accuracy_mean=mean, accuracy_std=std, runs=runs)
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+            print(f"wrote {args.out}")
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

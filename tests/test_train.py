@@ -1,0 +1,215 @@
+"""The training loop of gift.py: options, end-to-end runs, checkpoints, resume, faults, GIFT* cache, and
+distributed runs (2 processes, gloo) equal to one process with the same global batch."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO
+from safetensors.torch import load_file
+
+import gift
+from data import load_tokenizer, make_char_tokenizer, tiny_config_for
+from gift import entropy_betas, main, parse_options
+from model import LLaDA, load_adapter
+
+ROWS = [("what is two plus three", "five"), ("name a color", "blue is a color"), ("count to four", "1 2 3 4"),
+        ("say hi", "hi"), ("spell cat", "c a t"), ("is ten even", "yes: ten is even 10/2 is 5"),
+        ("reverse abc", "cba"), ("largest of 3 9 4", "9"), ("what is 7 times 6", "42"),
+        ("a word with q", "quiz"), ("first letter of zebra", "z"), ("sum 1 to 4", "1 2 3 4 sum to 10")]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A tiny LLaDA folder (config.json, model.safetensors, tokenizer.json) and a prompt/response JSONL file."""
+    root = tmp_path_factory.mktemp("base")
+    tokenizer = make_char_tokenizer()
+    config = tiny_config_for(tokenizer, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64)
+    LLaDA(config).init_weights(torch.Generator().manual_seed(0)).save_pretrained(root / "model")
+    tokenizer.save(str(root / "model" / "tokenizer.json"))
+    with open(root / "data.jsonl", "w") as f:
+        for prompt, response in ROWS:
+            f.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
+    return root
+
+
+def args(base, out, *extra, batch_size=2):
+    return ["--model", str(base / "model"), "--data", str(base / "data.jsonl"), "--out", str(out),
+            "--lr", "3e-3", "--epochs", "2", "--batch-size", str(batch_size), "--grad-accum", "2", "--log-every", "1",
+            "--lora-r", "4", "--lora-alpha", "8", "--lora-dropout", "0", "--warmup-steps", "1", *extra]
+
+
+def latest(out):
+    return out / "checkpoints" / (out / "latest").read_text().strip()
+
+
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+# -----------------------------------------------------------------------------
+# Options
+
+
+def test_options_flags_help_and_errors(capsys):
+    with pytest.raises(SystemExit):
+        parse_options(["--no-such-flag", "1"])
+    with pytest.raises(SystemExit):
+        parse_options(["--help"])
+    help_text = capsys.readouterr().out
+    for f in gift.TrainOptions.__dataclass_fields__:
+        assert "--" + f.replace("_", "-") in help_text
+    with pytest.raises(SystemExit):
+        parse_options(["--loss", "nonsense"])
+    opts = parse_options(["--model", "m", "--data", "d", "--lr", "2e-5", "--lora"])
+    assert opts.lr == 2e-5 and opts.lora and opts.epochs == 20  # the paper's LoRA defaults otherwise
+    assert parse_options([]).out == gift.EMBEDDED["out"]  # no --model: the embedded task's settings
+
+
+# -----------------------------------------------------------------------------
+# End to end: the checkpoints load where the base model did
+
+
+def test_full_run_writes_a_loadable_hf_folder(base, tmp_path):
+    out = tmp_path / "full"
+    main(args(base, out, "--loss", "gift", "--max-steps", "3"))
+    ckpt = latest(out)
+    model = LLaDA.from_pretrained(ckpt / "model")
+    load_tokenizer(ckpt / "model")  # tokenizer files copied from the base folder
+    before = LLaDA.from_pretrained(base / "model")
+    assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), before.state_dict().values()))
+    log = metrics(out)
+    assert [r["step"] for r in log] == [1, 2, 3]
+    for key in ("loss", "lr", "grad_norm", "masked_fraction", "beta_mean", "beta_std", "tokens_per_s", "eta_s"):
+        assert key in log[-1]
+
+
+def test_lora_run_writes_a_peft_adapter(base, tmp_path):
+    out = tmp_path / "lora"
+    main(args(base, out, "--lora", "--loss", "sft", "--max-steps", "2"))
+    adapter = latest(out) / "adapter"
+    assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
+    model = load_adapter(LLaDA.from_pretrained(base / "model"), adapter)
+    assert any(float(m.lora_B.abs().sum()) > 0 for m in model.modules() if hasattr(m, "lora_B"))
+
+
+def test_bad_row_names_the_line(base, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "c"}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        main(["--model", str(base / "model"), "--data", str(bad), "--out", str(tmp_path / "o")])
+
+
+# -----------------------------------------------------------------------------
+# Resume: N steps straight == N/2 steps, stop, resume, N/2 more
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_resume_equals_uninterrupted(base, tmp_path, mode):
+    extra = ["--loss", "gift", "--save-every", "2", "--keep-last", "10"] + (["--lora"] if mode == "lora" else [])
+    straight = tmp_path / "straight"
+    main(args(base, straight, *extra))  # 12 examples / global batch 4 = 3 steps per epoch, 6 steps
+    assert [r["step"] for r in metrics(straight)] == list(range(1, 7))
+    # "crash" after step 2: keep only what existed then
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight, resumed)
+    for ckpt in (resumed / "checkpoints").iterdir():
+        if ckpt.name != "step-0000002":
+            shutil.rmtree(ckpt)
+    (resumed / "latest").write_text("step-0000002\n")
+    (resumed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics(straight)[:2]))
+    main(args(base, resumed, *extra, "--resume"))
+    a, b = metrics(straight), metrics(resumed)
+    assert [r["step"] for r in b] == list(range(1, 7))
+    for ra, rb in zip(a, b):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5)
+        assert ra["lr"] == pytest.approx(rb["lr"], rel=1e-12)
+    name = "adapter/adapter_model.safetensors" if mode == "lora" else "model/model.safetensors"
+    wa, wb = load_file(latest(straight) / name), load_file(latest(resumed) / name)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+
+
+def test_resume_refuses_changed_options(base, tmp_path):
+    out = tmp_path / "run"
+    main(args(base, out, "--max-steps", "1"))
+    with pytest.raises(ValueError, match="lr"):
+        main(args(base, out, "--max-steps", "2", "--resume", "--lr", "1e-4"))
+
+
+def test_interrupted_checkpoint_leaves_the_last_good_one(base, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    main(args(base, out, "--lora", "--save-every", "1", "--max-steps", "1"))
+    good = latest(out)
+    real_save = gift.save_adapter
+
+    def crash(model, path, **kw):  # write part of the adapter, then die
+        real_save(model, path, **kw)
+        (path / "adapter_model.safetensors").write_bytes(b"truncated")
+        raise KeyboardInterrupt("killed mid-write")
+
+    monkeypatch.setattr(gift, "save_adapter", crash)
+    with pytest.raises(KeyboardInterrupt):
+        main(args(base, out, "--lora", "--save-every", "1", "--max-steps", "2", "--resume"))
+    assert latest(out) == good
+    load_adapter(LLaDA.from_pretrained(base / "model"), good / "adapter")
+
+
+# -----------------------------------------------------------------------------
+# Faults and GIFT*
+
+
+def test_non_finite_steps_are_skipped_then_stop(base, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gift, "diffusion_loss", lambda *a, **k: torch.tensor(float("nan"), requires_grad=True))
+    with pytest.raises(RuntimeError, match="step 3"):
+        main(args(base, tmp_path / "nan", "--max-bad-steps", "3"))
+    assert capsys.readouterr().out.count("update skipped") == 3
+
+
+def test_gift_star_betas_cached_from_the_initial_model(base, tmp_path):
+    out = tmp_path / "star"
+    main(args(base, out, "--loss", "gift-star", "--max-steps", "2"))
+    cache = torch.load(out / "ref_betas.pt")
+    opts = parse_options(args(base, out))
+    model = LLaDA.from_pretrained(base / "model")
+    from data import collate, load_dataset
+    examples, _ = load_dataset(opts.data, load_tokenizer(opts.model))
+    L = cache["betas"].shape[1]
+    ids, prompt_lengths = collate(examples, model.config.pad_token_id, pad_to=L)
+    answer_mask = torch.arange(L)[None] >= prompt_lengths[:, None]
+    torch.testing.assert_close(cache["betas"], entropy_betas(model, ids, answer_mask), rtol=1e-5, atol=1e-6)
+    # a resumed run reuses the cache instead of recomputing it
+    os.utime(out / "ref_betas.pt", (0, 0))
+    main(args(base, out, "--loss", "gift-star", "--max-steps", "3", "--resume"))
+    assert (out / "ref_betas.pt").stat().st_mtime == 0
+
+
+# -----------------------------------------------------------------------------
+# Distributed: 2 processes (gloo) == 1 process with the same global batch and the same noise
+
+
+def torchrun(nproc, argv, cwd):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           str(REPO / "gift.py"), *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("mode", ["lora", "full"])
+def test_two_processes_equal_one(base, tmp_path, mode):
+    # LoRA runs under DDP, full fine-tuning under FSDP2; GIFT's "masked" norm needs the all-reduced count
+    extra = ["--loss", "gift", "--max-steps", "3"] + (["--lora"] if mode == "lora" else [])
+    one, two = tmp_path / "one", tmp_path / "two"
+    torchrun(1, args(base, one, *extra, batch_size=2), tmp_path)  # global batch 1 x 2 x accum 2
+    torchrun(2, args(base, two, *extra, batch_size=1), tmp_path)  # global batch 2 x 1 x accum 2
+    name = "adapter/adapter_model.safetensors" if mode == "lora" else "model/model.safetensors"
+    wa, wb = load_file(latest(one) / name), load_file(latest(two) / name)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5)
+    for ra, rb in zip(metrics(one), metrics(two)):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-4)
