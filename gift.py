@@ -50,6 +50,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
+import warnings
+
 from data import (collate, epoch_order, load_dataset, load_tokenizer, make_char_tokenizer, rank_micro_batches,
                   special_ids, step_batches, sudoku_examples, sudoku_split, tiny_config_for)
 from eval import SUDOKU_QUESTION, evaluate
@@ -412,13 +414,13 @@ def parse_options(argv=None):
     for f in dataclasses.fields(TrainOptions):
         flag = "--" + f.name.replace("_", "-")
         if f.type in (bool, "bool"):
-            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+            parser.add_argument(flag, action="store_true", default=None, help=f.metadata["help"])
         else:
             kind = {"int": int, "float": float, "str": str}.get(f.type, f.type) if isinstance(f.type, str) else f.type
             parser.add_argument(flag, type=kind, default=None,
                                 help=f"{f.metadata['help']} (default {f.default!r})")
     args = vars(parser.parse_args(argv))
-    given = {k: v for k, v in args.items() if v not in (None, False)}
+    given = {k: v for k, v in args.items() if v is not None}  # (a flag given as 0 is still given)
     opts = TrainOptions(**given)
     if not opts.model:
         for k, v in EMBEDDED.items():
@@ -434,6 +436,9 @@ def parse_options(argv=None):
         parser.error("--model needs --data (a JSONL file)")
     return opts
 
+
+# torch.distributed.checkpoint warns that it saves "in a single process" when run without torchrun: it is meant
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
 # -----------------------------------------------------------------------------
 # Distributed set-up, straight from torchrun's environment (one process works without torchrun)

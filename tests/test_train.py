@@ -67,6 +67,7 @@ def test_options_flags_help_and_errors(capsys):
         parse_options(["--loss", "nonsense"])
     opts = parse_options(["--model", "m", "--data", "d", "--lr", "2e-5", "--lora"])
     assert opts.lr == 2e-5 and opts.lora and opts.epochs == 20  # the paper's LoRA defaults otherwise
+    assert parse_options(["--model", "m", "--data", "d", "--lora-dropout", "0"]).lora_dropout == 0.0  # 0 is given
     assert parse_options([]).out == gift.EMBEDDED["out"]  # no --model: the embedded task's settings
 
 
