@@ -38,6 +38,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,10 +51,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
-import warnings
-
-from data import (collate, epoch_order, load_dataset, load_tokenizer, make_char_tokenizer, rank_micro_batches,
-                  special_ids, step_batches, sudoku_examples, sudoku_split, tiny_config_for)
+from data import (FORMATS, collate, epoch_order, load_dataset, load_tokenizer, make_char_tokenizer,
+                  rank_micro_batches, special_ids, step_batches, sudoku_examples, sudoku_split, tiny_config_for)
 from eval import SUDOKU_QUESTION, evaluate
 from model import LLaDA, add_lora, atomic_write_text, lora_disabled, lora_layers, save_adapter
 
@@ -358,7 +357,7 @@ class TrainOptions:
     model: str = field(default="", metadata={"help": "Hugging Face LLaDA folder (config.json, safetensors, "
                                              "tokenizer.json); empty = the embedded tiny Sudoku task"})
     data: str = field(default="", metadata={"help": "training JSONL (messages, prompt/response, s1K or s1K-1.1)"})
-    data_format: str = field(default="auto", metadata={"help": "auto|messages|prompt_response|s1k|s1k-1.1"})
+    data_format: str = field(default="auto", metadata={"help": "auto|" + "|".join(FORMATS)})
     out: str = field(default="runs/default", metadata={"help": "output folder: checkpoints, metrics.jsonl"})
     loss: str = field(default="gift", metadata={"help": "|".join(LOSSES)})
     norm: str = field(default="", metadata={"help": "answer|masked; empty = the objective's default"})
