@@ -396,7 +396,7 @@ class TrainOptions:
 
 # The embedded default: sizes and settings for a tiny model trained from scratch on the 2-core CPU. They apply only
 # when --model is empty, and only to options not given on the command line.
-EMBEDDED = dict(out="runs/sudoku-tiny", loss="gift", epochs=4, batch_size=32, grad_accum=1, lr=2e-3,
+EMBEDDED = dict(out="runs/sudoku-tiny", loss="gift", epochs=6, batch_size=32, grad_accum=1, lr=2e-3,
                 schedule="cosine", warmup_steps=30, weight_decay=0.0, log_every=20)
 EMBEDDED_MODEL = dict(d_model=128, n_heads=4, n_kv_heads=4, n_layers=4, mlp_hidden_size=384, max_sequence_length=256)
 EMBEDDED_PUZZLES = dict(n_train=6000, n_blanks=(4, 10))  # held-out puzzles: --eval-puzzles, 8 blanks as d1's

@@ -120,7 +120,7 @@ class LLaDAConfig:
         return dict(sorted({**self.extra, **d}.items()))  # HF writes keys sorted
 
     def to_json(self, path):
-        _atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
 
 # -----------------------------------------------------------------------------
@@ -323,7 +323,7 @@ def _shard_files(path):
 # Atomic writes: a crash mid-write leaves the previous file or folder intact
 
 
-def _atomic_write_text(path, text):
+def atomic_write_text(path, text):
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
