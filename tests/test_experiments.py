@@ -1,0 +1,157 @@
+"""experiments/sudoku_gift_vs_sft.py: the smoke run end to end (a subprocess, as a user runs it), the grid split, the
+reuse of finished work, and the statistics (Student t against closed forms and tables, the paired comparison)."""
+
+import csv
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO
+
+SCRIPT = REPO / "experiments" / "sudoku_gift_vs_sft.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("sudoku_gift_vs_sft", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # importing starts no work
+    return module
+
+
+exp = load_script()
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One --smoke run (tiny model, one seed, sft and gift, both budgets) in a fresh folder."""
+    out = tmp_path_factory.mktemp("smoke") / "run"
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc.stdout, time.time() - t0
+
+
+def test_smoke_run_writes_the_tables(smoke):
+    out, stdout, seconds = smoke
+    assert seconds < 60
+    rows = read_csv(out / "results.csv")
+    assert {(r["objective"], r["budget"]) for r in rows} == {("sft", "steps"), ("gift", "steps"), ("sft", "time")}
+    for r in rows:
+        assert 0 <= float(r["cell_acc"]) <= 100 and 0 <= float(r["puzzle_acc"]) <= 100
+        assert float(r["step_time_s"]) > 0 and int(r["n_puzzles"]) == 16
+    assert {r["norm"] for r in rows if r["objective"] == "gift"} == {"masked"}  # gift.DEFAULT_NORM
+    steps = {(r["objective"], r["budget"]): int(r["steps"]) for r in rows}
+    assert steps[("sft", "steps")] == steps[("gift", "steps")] == 4  # 2 epochs x 32 puzzles / batch 16
+    assert steps[("sft", "time")] >= steps[("sft", "steps")]  # equal time: SFT gets at least as many steps
+    summary = read_csv(out / "summary.csv")
+    assert {(r["budget"], r["objective"]) for r in summary} == {("steps", "sft"), ("steps", "gift"),
+                                                                ("time", "sft"), ("time", "gift")}
+    md = (out / "results.md").read_text()
+    for heading in ("## Equal optimizer steps", "## Equal wall time", "## GIFT's betas during training",
+                    "## Which answer positions have high entropy"):
+        assert heading in md
+    assert "wrote" in stdout
+
+
+def test_smoke_data_is_split_by_grid(smoke):
+    out, _, _ = smoke
+    data = json.loads((out / "data" / "data.json").read_text())
+    held = {s for _, s in data["heldout"]}
+    assert len(data["heldout"]) == 16 and len(held) <= 16
+    assert not held & {s for _, s in data["base"] + data["finetune"]}  # no held-out solution grid in training
+    assert not {p for p, _ in data["base"]} & {p for p, _ in data["finetune"]}
+    assert all(9 <= p.count("0") <= 11 for p, _ in data["finetune"] + data["heldout"])
+    assert all(2 <= p.count("0") <= 8 for p, _ in data["base"])
+
+
+def test_smoke_entropy_analysis_covers_every_blank(smoke):
+    out, _, _ = smoke
+    data = json.loads((out / "data" / "data.json").read_text())
+    base = json.loads((out / "base" / "base.json").read_text())
+    blanks = sum(p.count("0") for p, _ in data["finetune"][:16])  # --smoke analyses 16 puzzles
+    assert sum(base["entropy"]["count_by_open"].values()) == blanks
+    result = json.loads((out / "runs" / "gift-steps-seed0" / "result.json").read_text())
+    assert [step for step, _ in result["entropy"]] == [2, 4]  # two kept models along 4 steps
+    assert 0 <= result["entropy"][-1][1]["topk_blank_share"] <= 1
+    assert result["betas"] and all(b[1] > 0 for b in result["betas"])  # (step, beta mean, beta std) logged
+
+
+def test_rerun_reuses_the_base_and_the_finished_runs(smoke):
+    out, _, _ = smoke
+    before = {p: p.stat().st_mtime_ns for p in [out / "base" / "base.json", *out.glob("runs/*/result.json")]}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in before} == before
+
+
+def test_bad_flags_are_refused():
+    with pytest.raises(SystemExit):
+        exp.parse_plan(["--objectives", "sft,nonsense"])
+    with pytest.raises(SystemExit):
+        exp.parse_plan(["--ft-blanks", "9"])
+    plan = exp.parse_plan(["--smoke", "--seeds", "3"])
+    assert plan.seeds == 3 and plan.d_model == exp.SMOKE["d_model"]  # a given flag beats --smoke's size
+    assert exp.parse_plan([]).n_heldout >= 1000  # the full run holds out at least 1000 puzzles
+
+
+# -----------------------------------------------------------------------------
+# Statistics
+
+
+@pytest.mark.parametrize("t", [0.0, 0.3, 1.0, 2.5, 12.0])
+def test_student_t_matches_closed_forms(t):
+    assert exp.t_two_sided_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t), abs=1e-12)  # Cauchy
+    assert exp.t_two_sided_p(t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t), abs=1e-12)
+
+
+def test_student_t_matches_tables():
+    for df, q975 in ((1, 12.706205), (4, 2.776445), (9, 2.262157), (30, 2.042272), (10**6, 1.959966)):
+        assert exp.t_quantile(0.975, df) == pytest.approx(q975, abs=1e-5)
+        assert exp.t_two_sided_p(q975, df) == pytest.approx(0.05, abs=1e-6)
+
+
+def test_betainc_closed_forms():
+    for x in (0.01, 0.3, 0.5, 0.9):
+        assert exp.betainc(1, 1, x) == pytest.approx(x, abs=1e-13)
+        assert exp.betainc(2.5, 1, x) == pytest.approx(x ** 2.5, abs=1e-13)
+        assert exp.betainc(1, 3.5, x) == pytest.approx(1 - (1 - x) ** 3.5, abs=1e-13)
+
+
+def test_paired_test_by_hand():
+    a, b = [71.0, 72.0, 73.0, 74.0, 75.0], [70.0, 71.0, 71.0, 73.0, 72.0]  # differences 1, 1, 2, 1, 3
+    r = exp.paired_test(a, b)
+    se = math.sqrt(0.8 / 5)  # sample variance of the differences is 0.8
+    assert r["diff"] == pytest.approx(1.6) and r["wins"] == 5 and r["n"] == 5
+    assert r["p"] == pytest.approx(exp.t_two_sided_p(1.6 / se, 4))
+    assert 0.01 < r["p"] < 0.02  # t = 4.0 with 4 degrees of freedom
+    assert r["lo"] == pytest.approx(1.6 - 2.776445 * se, abs=1e-5) and r["hi"] == pytest.approx(1.6 + 2.776445 * se,
+                                                                                               abs=1e-5)
+    assert math.isnan(exp.paired_test([1.0], [0.0])["p"])  # one seed: no test
+
+
+def test_summarize_pairs_each_run_with_sft_of_the_same_seed():
+    def run(name, budget, seed, cell, puzzle):
+        return dict(spec=dict(name=name, budget=budget, seed=seed), steps=10, step_time_s=0.1, loop_s=1.0,
+                    cell_acc=cell, puzzle_acc=puzzle, cell_se=1.0, puzzle_se=2.0)
+    results = [run("gift", "steps", s, 60 + s + 2, 20 + s) for s in range(3)]
+    results += [run("sft", "steps", s, 60 + s, 20 + s + 1) for s in range(3)]
+    results += [run("sft", "time", s, 61 + s, 20 + s) for s in range(3)]
+    rows = {(r["budget"], r["objective"]): r for r in exp.summarize(results)}
+    assert rows[("steps", "gift")]["d_cell_acc"] == pytest.approx(2.0)  # seed-wise differences are exactly 2
+    assert rows[("steps", "gift")]["d_cell_acc_p"] == 0.0 and rows[("steps", "gift")]["d_cell_acc_wins"] == "3/3"
+    assert rows[("steps", "gift")]["d_puzzle_acc"] == pytest.approx(-1.0)
+    assert rows[("time", "gift")]["d_cell_acc"] == pytest.approx(1.0)  # against the longer SFT run
+    assert rows[("steps", "sft")]["cell_acc_mean"] == pytest.approx(61.0)
+    assert rows[("steps", "sft")]["cell_acc_std"] == pytest.approx(1.0)
+    assert "d_cell_acc" not in rows[("time", "sft")]
