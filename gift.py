@@ -690,11 +690,11 @@ def train(opts):
         batches = step_batches(order, global_batch)
         while state["step_in_epoch"] < len(batches) and state["step"] < total_steps:
             step_indices = batches[state["step_in_epoch"]]
-            micro = rank_micro_batches(step_indices, rank, world, opts.batch_size, opts.grad_accum)
-            # pad micro-batch j to the longest example of micro-batch j over ALL ranks: pads are trained on, so
-            # this keeps the distributed loss equal to the single-process one (every rank knows every index)
             everyone = [rank_micro_batches(step_indices, r, world, opts.batch_size, opts.grad_accum)
                         for r in range(world)]
+            micro = everyone[rank]
+            # pad micro-batch j to the longest example of micro-batch j over ALL ranks: pads are trained on, so
+            # this keeps the distributed loss equal to the single-process one (every rank knows every index)
             pad_lengths = [opts.max_len if opts.pad_to_max_len else
                            max([len(examples[i][0]) for r in range(world) for i in everyone[r][j]] or [1])
                            for j in range(opts.grad_accum)]
