@@ -62,7 +62,9 @@ from model import LLaDA, add_lora, atomic_write_text, lora_disabled, lora_layers
 EPS = 1e-3  # LLaDA's t -> p = (1 - eps) t + eps, keeps 1/p finite
 BETA_POWER = 0.5  # beta_i = H_i^0.5 (eq. 12); 1.0 is the raw-entropy ablation
 DREAM_P = 0.3  # the paper's choice for Dream's geometric kernel (ablation, below eq. 16)
-CE_CHUNK = 1024  # answer positions whose full-vocabulary logits exist at one time (1024 x 126464 x 4 B = 0.5 GB)
+# answer positions whose full-vocabulary logits exist at one time: 256 x 126464 x 4 B = 128 MB per (c, V) tensor,
+# and a chunk holds a few of them at once (bench/memory.py: a quarter of the naive step's memory needs <= 256)
+CE_CHUNK = 256
 LOSSES = ("sft", "gift", "gift-elbo", "gift-sw", "nll", "dream", "gift-star")
 DEFAULT_NORM = {"sft": "answer", "gift": "masked", "gift-elbo": "answer", "gift-sw": "answer",
                 "nll": "masked", "dream": "answer", "gift-star": "masked"}
@@ -243,8 +245,9 @@ def answer_entropy_and_nll(model, input_ids, answer_mask, chunk_size=CE_CHUNK):
         for s in range(0, len(h), chunk_size):
             logits = core.head(h[s:s + chunk_size])  # (c, V)
             logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-            H_ans.append(-(logp.exp() * logp).sum(-1))
+            del logits  # two (c, V) tensors alive at a time, not four
             nll_ans.append(-logp.gather(-1, targets[s:s + chunk_size, None])[:, 0])
+            H_ans.append(-logp.exp().mul_(logp).sum(-1))
     finally:
         model.train(was_training)
     if H_ans:
