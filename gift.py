@@ -399,9 +399,10 @@ class TrainOptions:
 
 # The embedded default: sizes and settings for a tiny model trained from scratch on the 2-core CPU. They apply only
 # when --model is empty, and only to options not given on the command line.
-EMBEDDED = dict(out="runs/sudoku-tiny", loss="gift", epochs=5, batch_size=16, grad_accum=1, lr=2e-3,
+EMBEDDED = dict(out="runs/sudoku-tiny", loss="gift", epochs=5, grad_accum=1, lr=2e-3,
                 schedule="cosine", warmup_steps=50, weight_decay=0.0, log_every=100)
 EMBEDDED_MODEL = dict(d_model=64, n_heads=4, n_kv_heads=4, n_layers=3, mlp_hidden_size=192, max_sequence_length=256)
+EMBEDDED_GLOBAL_BATCH = 32  # split over the processes, so `python gift.py` and torchrun compute the same run
 EMBEDDED_PUZZLES = dict(n_train=20000, n_blanks=(2, 8))  # held-out puzzles: --eval-puzzles, 8 blanks as d1's
 # the answer "<answer>{16 digits}</answer><|eot_id|>" is 34 tokens: generate exactly that, one token per step
 EMBEDDED_EVAL = dict(gen_length=34, block_length=34, steps=34, batch_size=64)
@@ -428,6 +429,8 @@ def parse_options(argv=None):
         for k, v in EMBEDDED.items():
             if k not in given:
                 setattr(opts, k, v)
+        if "batch_size" not in given:
+            opts.batch_size = max(1, EMBEDDED_GLOBAL_BATCH // int(os.environ.get("WORLD_SIZE", 1)))
     if opts.loss not in LOSSES:
         parser.error(f"--loss {opts.loss!r}: choose one of {', '.join(LOSSES)}")
     if opts.norm not in ("", "answer", "masked"):
