@@ -411,10 +411,10 @@ RESUMABLE_CHANGES = {"out", "resume", "log_every", "save_every", "keep_last", "m
                      "epochs", "max_steps"}
 
 
-def parse_options(argv=None):
-    """Flags generated from TrainOptions; unknown flags are an error (argparse exits with a message)."""
-    parser = argparse.ArgumentParser(description="GIFT / SFT fine-tuning of LLaDA (see README.md)")
-    for f in dataclasses.fields(TrainOptions):
+def parse_dataclass_flags(parser, cls, argv=None):
+    """One flag per field of the dataclass `cls` (--name-with-dashes, typed, its help from the field's metadata);
+    unknown flags are an error. Returns the fields given on the command line (a flag given as 0 is given)."""
+    for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         if f.type in (bool, "bool"):
             parser.add_argument(flag, action="store_true", default=None, help=f.metadata["help"])
@@ -422,8 +422,13 @@ def parse_options(argv=None):
             kind = {"int": int, "float": float, "str": str}.get(f.type, f.type) if isinstance(f.type, str) else f.type
             parser.add_argument(flag, type=kind, default=None,
                                 help=f"{f.metadata['help']} (default {f.default!r})")
-    args = vars(parser.parse_args(argv))
-    given = {k: v for k, v in args.items() if v is not None}  # (a flag given as 0 is still given)
+    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+
+
+def parse_options(argv=None):
+    """TrainOptions from the command line (`python gift.py --help` lists every option)."""
+    parser = argparse.ArgumentParser(description="GIFT / SFT fine-tuning of LLaDA (see README.md)")
+    given = parse_dataclass_flags(parser, TrainOptions, argv)
     opts = TrainOptions(**given)
     if not opts.model:
         for k, v in EMBEDDED.items():

@@ -135,14 +135,7 @@ def parse_plan(argv=None):
     """Flags generated from Plan (as gift.parse_options does for TrainOptions); --smoke swaps in SMOKE's sizes
     for the flags not given."""
     parser = argparse.ArgumentParser(description="GIFT vs SFT on 4x4 Sudoku (experiments/README.md)")
-    for f in dataclasses.fields(Plan):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in (bool, "bool"):
-            parser.add_argument(flag, action="store_true", default=None, help=f.metadata["help"])
-        else:
-            kind = {"int": int, "float": float, "str": str}.get(f.type, f.type) if isinstance(f.type, str) else f.type
-            parser.add_argument(flag, type=kind, default=None, help=f"{f.metadata['help']} (default {f.default!r})")
-    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    given = gift.parse_dataclass_flags(parser, Plan, argv)
     plan = Plan(**given)
     if plan.smoke:
         for k, v in SMOKE.items():
