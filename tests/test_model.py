@@ -55,9 +55,8 @@ def test_golden_padding_mask(golden):
     ids, mask = g["mha.padded_input_ids"], g["mha.padded_attention_mask"]
     torch.testing.assert_close(model(ids, mask), g["mha.padded_logits"], atol=1e-5, rtol=0)
     torch.testing.assert_close(model(ids), g["mha.padded_logits_without_mask"], atol=1e-5, rtol=0)
-    # a left-padded row equals the same row run unpadded, up to RoPE positions: the pad keys are hidden, and
-    # positions count from 0 for every row, so compare against the unpadded tokens placed at the same positions
-    # (i.e. the padded row with pads hidden equals itself with the pad tokens replaced by anything else)
+    # the pad keys are hidden from every query: whatever tokens sit under the mask, the real positions' logits are
+    # unchanged (positions count from 0 in every row, so a left-padded row is compared at the same positions)
     other = ids.clone()
     other[mask == 0] = 3
     real = mask.bool()
