@@ -562,8 +562,8 @@ def lr_lambda(opts, total_steps):
 # -----------------------------------------------------------------------------
 # Checkpoints: <out>/checkpoints/step-N/ = the model in an ecosystem format (a PEFT adapter, or a complete
 # Hugging Face folder) + train_state/ (torch.distributed.checkpoint: model + optimizer, sharded under FSDP2)
-# + trainer.json (step, data position, options) + rng.pt (every rank's RNG state, the LR schedule). Written to a temporary folder
-# and renamed; <out>/latest names the newest complete one.
+# + trainer.json (step, data position, options) + rng.pt (every rank's RNG state, the LR schedule). Written to a
+# temporary folder and renamed; <out>/latest names the newest complete one.
 
 
 def save_checkpoint(model, optimizer, scheduler, opts, state, rng_states, tokenizer_files):
