@@ -399,7 +399,7 @@ class TrainOptions:
 
 # The embedded default: sizes and settings for a tiny model trained from scratch on the 2-core CPU. They apply only
 # when --model is empty, and only to options not given on the command line.
-EMBEDDED = dict(out="runs/sudoku-tiny", loss="gift", epochs=5, grad_accum=1, lr=2e-3,
+EMBEDDED = dict(out="runs/sudoku-tiny", loss="gift", epochs=6, grad_accum=1, lr=2e-3,
                 schedule="cosine", warmup_steps=50, weight_decay=0.0, log_every=100)
 EMBEDDED_MODEL = dict(d_model=64, n_heads=4, n_kv_heads=4, n_layers=3, mlp_hidden_size=192, max_sequence_length=256)
 EMBEDDED_GLOBAL_BATCH = 32  # split over the processes, so `python gift.py` and torchrun compute the same run
