@@ -468,8 +468,12 @@ def setup_distributed():
     return rank, world, device
 
 
+def is_rank0():
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
 def print0(*args):
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    if is_rank0():
         print(*args, flush=True)
 
 
@@ -571,7 +575,7 @@ def save_checkpoint(model, optimizer, scheduler, opts, state, rng_states, tokeni
     name = f"step-{state['step']:07d}"
     final = out / "checkpoints" / name
     tmp = out / "checkpoints" / f"{name}.tmp"
-    if dist.get_rank() == 0 if dist.is_initialized() else True:
+    if is_rank0():
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
@@ -581,8 +585,7 @@ def save_checkpoint(model, optimizer, scheduler, opts, state, rng_states, tokeni
     full = None
     if not opts.lora:  # gather the full weights (collective under FSDP2) for the Hugging Face export
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    if rank0:
+    if is_rank0():
         if opts.lora:
             save_adapter(unwrap(model), tmp / "adapter", base_model_name_or_path=opts.model or "embedded")
         else:
