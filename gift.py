@@ -31,12 +31,18 @@ The training step calls `objective_batch` (the no-grad entropy pass, t, the mask
 """
 
 import argparse
+import array
 import contextlib
 import dataclasses
+import fcntl
+import hashlib
 import json
 import math
 import os
 import shutil
+import signal
+import socket
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -54,7 +60,7 @@ from torch.utils.checkpoint import checkpoint
 from data import (FORMATS, collate, epoch_order, load_dataset, load_tokenizer, make_char_tokenizer,
                   rank_micro_batches, special_ids, step_batches, sudoku_examples, sudoku_split, tiny_config_for)
 from eval import SUDOKU_QUESTION, evaluate
-from model import LLaDA, add_lora, atomic_write_text, lora_disabled, lora_layers, save_adapter
+from model import LLaDA, add_lora, atomic_write_text, lora_disabled, lora_layers, save_adapter, weight_files
 
 # -----------------------------------------------------------------------------
 # Constants
@@ -301,7 +307,8 @@ def objective_batch(loss_name, model, input_ids, answer_mask, generator, eps=EPS
     Random draws, in order: t (B,), then one uniform per position; an objective whose p_i equals SFT's therefore
     masks exactly as SFT for the same generator state.
     stats (0-dim tensors, detached; .item() them when logging): n_masked, n_answer, n_rows, frac_masked,
-    weight_mean (over masked tokens), beta_mean / beta_std (over answer tokens; gift-sw: of its weight)."""
+    weight_mean (over masked tokens), beta_mean / beta_std and beta_sum / beta_sq_sum (over answer tokens; gift-sw:
+    of its weight)."""
     if loss_name not in LOSSES:
         raise ValueError(f"gift.py objective_batch: unknown loss {loss_name!r}; choose one of {LOSSES}")
     if ref_betas is not None and loss_name != "gift-star":
@@ -344,6 +351,8 @@ def objective_batch(loss_name, model, input_ids, answer_mask, generator, eps=EPS
                      weight_mean=_masked_mean_std(weight, masked)[0])
         if beta is not None:
             stats["beta_mean"], stats["beta_std"] = _masked_mean_std(beta, answer_mask)
+            b = beta[answer_mask].double()  # sums, so that a step's statistics add up over micro-batches and ranks
+            stats["beta_sum"], stats["beta_sq_sum"] = b.sum(), (b * b).sum()
     return noisy_ids, weight.detach(), norm or DEFAULT_NORM[loss_name], stats
 
 
@@ -385,14 +394,16 @@ class TrainOptions:
     max_len: int = field(default=4096, metadata={"help": "drop (and count) longer examples"})
     pad_to_max_len: bool = field(default=False, metadata={"help": "pad every batch to max_len, as d1/wd1"})
     skip_bad_rows: bool = field(default=False, metadata={"help": "skip and count malformed rows"})
-    seed: int = field(default=42, metadata={"help": "model init, data order and noise seed"})
+    seed: int = field(default=42, metadata={"help": "model init, data order, noise and dropout seed"})
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 on GPU, float32 on CPU)|bfloat16|float32"})
     activation_checkpointing: bool = field(default=False, metadata={"help": "recompute blocks in backward"})
     # bookkeeping
     log_every: int = field(default=10, metadata={"help": "optimizer steps between log lines"})
     save_every: int = field(default=0, metadata={"help": "optimizer steps between checkpoints (0 = each epoch)"})
-    keep_last: int = field(default=2, metadata={"help": "checkpoints kept"})
-    resume: bool = field(default=False, metadata={"help": "continue from the latest checkpoint in --out"})
+    keep_last: int = field(default=2, metadata={"help": "checkpoints kept (only this run's are ever deleted)"})
+    resume: bool = field(default=False, metadata={"help": "continue the run in --out from its latest complete "
+                                                  "checkpoint (from step 0 if it has none yet)"})
+    overwrite: bool = field(default=False, metadata={"help": "delete the run already in --out and start over"})
     max_bad_steps: int = field(default=5, metadata={"help": "stop after this many non-finite steps in a row"})
     eval_puzzles: int = field(default=256, metadata={"help": "embedded task: held-out puzzles to evaluate"})
 
@@ -407,8 +418,8 @@ EMBEDDED_PUZZLES = dict(n_train=20000, n_blanks=(2, 8))  # held-out puzzles: --e
 # the answer "<answer>{16 digits}</answer><|eot_id|>" is 34 tokens: generate exactly that, one token per step
 EMBEDDED_EVAL = dict(gen_length=34, block_length=34, steps=34, batch_size=64)
 # options that may change between a run and its resumption
-RESUMABLE_CHANGES = {"out", "resume", "log_every", "save_every", "keep_last", "max_bad_steps", "eval_puzzles",
-                     "epochs", "max_steps"}
+RESUMABLE_CHANGES = {"out", "resume", "overwrite", "log_every", "save_every", "keep_last", "max_bad_steps",
+                     "eval_puzzles", "epochs", "max_steps"}
 
 
 def parse_dataclass_flags(parser, cls, argv=None):
@@ -442,13 +453,18 @@ def parse_options(argv=None):
         parser.error(f"--norm {opts.norm!r}: choose answer or masked")
     if opts.schedule not in ("linear", "cosine", "constant"):
         parser.error(f"--schedule {opts.schedule!r}: choose linear, cosine or constant")
+    for name in ("epochs", "batch_size", "grad_accum", "log_every", "keep_last"):
+        if getattr(opts, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be at least 1")
+    for name in ("max_steps", "save_every"):
+        if getattr(opts, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be 0 (off) or more")
+    if opts.resume and opts.overwrite:
+        parser.error("--resume continues the run in --out, --overwrite deletes it: choose one")
     if opts.model and not opts.data:
         parser.error("--model needs --data (a JSONL file)")
     return opts
 
-
-# torch.distributed.checkpoint warns that it saves "in a single process" when run without torchrun: it is meant
-warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 
 # -----------------------------------------------------------------------------
 # Distributed set-up, straight from torchrun's environment (one process works without torchrun)
@@ -485,6 +501,13 @@ def all_reduce_sum(values, device):
     return t.tolist()
 
 
+def all_reduce_max(value, device):
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)
+
+
 def broadcast_object(obj):
     if dist.is_initialized():
         box = [obj]
@@ -507,32 +530,55 @@ def barrier():
         dist.barrier()
 
 
+def on_rank0(fn):
+    """fn() on rank 0 only; its result there, None elsewhere. An exception on rank 0 is raised on every rank, so that
+    no rank waits forever at the next collective for a rank that has died."""
+    result, error = None, None
+    if is_rank0():
+        try:
+            result = fn()
+        except Exception as e:  # re-raised below, on every rank
+            error = e
+    error = broadcast_object(error)
+    if error is not None:
+        raise error
+    return result
+
+
+@contextlib.contextmanager
+def quiet_single_process_dcp():
+    """torch.distributed.checkpoint warns that it saves "in a single process" when run without torchrun: we mean it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 # -----------------------------------------------------------------------------
 # Model and data
 
 
-def build_embedded_task(opts, out):
+def build_embedded_task(seed, eval_puzzles):
     """The tiny default: a char-level tokenizer with LLaDA's special tokens, a tiny LLaDA initialised from the
     seed (identical on every rank), and Sudoku puzzles split into train / held-out with no puzzle in both."""
     tokenizer = make_char_tokenizer()
     config = tiny_config_for(tokenizer, **EMBEDDED_MODEL)
-    model = LLaDA(config).init_weights(torch.Generator().manual_seed(opts.seed))
-    train_pairs, _ = sudoku_split(EMBEDDED_PUZZLES["n_train"], 0, EMBEDDED_PUZZLES["n_blanks"], seed=opts.seed)
-    _, heldout = sudoku_split(0, opts.eval_puzzles, 8, seed=opts.seed + 1)
+    model = LLaDA(config).init_weights(torch.Generator().manual_seed(seed))
+    train_pairs, _ = sudoku_split(EMBEDDED_PUZZLES["n_train"], 0, EMBEDDED_PUZZLES["n_blanks"], seed=seed)
+    _, heldout = sudoku_split(0, eval_puzzles, 8, seed=seed + 1)
     heldout = [pair for pair in heldout if pair[0] not in {p for p, _ in train_pairs}]
     return tokenizer, config, model, sudoku_examples(tokenizer, train_pairs), heldout
 
 
-def wrap_model(model, opts, world, device, dtype):
-    """LoRA: adapters on a frozen base, replicated with DDP. Full: FSDP2, one shard group per block then the root.
-    bf16 on GPU: LoRA keeps the base in bf16 (adapters in float32); FSDP2 keeps float32 master weights and computes
-    in bf16 with float32 gradient reductions."""
-    if opts.activation_checkpointing:
+def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=False, seed=0):
+    """lora=None: full fine-tuning; float32 master weights, sharded with FSDP2 over `world` > 1 processes (one
+    group per block, then the root), computing in `dtype` with float32 gradient reductions.
+    lora=dict(r=, alpha=, dropout=, targets=): float32 adapters (A initialised from `seed`) on a frozen base in
+    `dtype`, replicated with DDP over `world` > 1 processes."""
+    if activation_checkpointing:
         model.set_activation_checkpointing(True)
-    if opts.lora:
+    if lora is not None:
         model.to(device=device, dtype=dtype)
-        add_lora(model, r=opts.lora_r, alpha=opts.lora_alpha, dropout=opts.lora_dropout,
-                 targets=tuple(opts.lora_targets.split(",")), generator=torch.Generator().manual_seed(opts.seed))
+        add_lora(model, **lora, generator=torch.Generator().manual_seed(seed))
         if world > 1:
             model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         return model
@@ -550,272 +596,110 @@ def unwrap(model):
     return getattr(model, "module", model)
 
 
-def lr_lambda(opts, total_steps):
+def lr_lambda(schedule, warmup_steps, total_steps):
+    """The learning-rate factor of optimizer step `step`: linear warm-up, then linear / cosine decay or constant."""
     def f(step):
-        if step < opts.warmup_steps:
-            return (step + 1) / opts.warmup_steps
-        progress = (step - opts.warmup_steps) / max(1, total_steps - opts.warmup_steps)
-        if opts.schedule == "linear":
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        if schedule == "linear":
             return max(0.0, 1.0 - progress)
-        if opts.schedule == "cosine":
+        if schedule == "cosine":
             return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
         return 1.0
     return f
 
 
-# -----------------------------------------------------------------------------
-# Checkpoints: <out>/checkpoints/step-N/ = the model in an ecosystem format (a PEFT adapter, or a complete
-# Hugging Face folder) + train_state/ (torch.distributed.checkpoint: model + optimizer, sharded under FSDP2)
-# + trainer.json (step, data position, options) + rng.pt (every rank's RNG state, the LR schedule). Written to a
-# temporary folder and renamed; <out>/latest names the newest complete one.
+# Fingerprints, saved with every checkpoint: --resume refuses other data or another base model, and they key the
+# GIFT* cache. Short sha256 prefixes.
+
+WEIGHT_SAMPLES, WEIGHT_SAMPLE_BYTES = 16, 1 << 16
 
 
-def save_checkpoint(model, optimizer, scheduler, opts, state, rng_states, tokenizer_files):
-    out = Path(opts.out)
-    name = f"step-{state['step']:07d}"
-    final = out / "checkpoints" / name
-    tmp = out / "checkpoints" / f"{name}.tmp"
-    if is_rank0():
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    barrier()
-    sd_opts = StateDictOptions(ignore_frozen_params=opts.lora)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=sd_opts)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "train_state"))
-    full = None
-    if not opts.lora:  # gather the full weights (collective under FSDP2) for the Hugging Face export
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if is_rank0():
-        if opts.lora:
-            save_adapter(unwrap(model), tmp / "adapter", base_model_name_or_path=opts.model or "embedded")
-        else:
-            export = LLaDA(unwrap(model).config)
-            export.load_state_dict(full)
-            export.save_pretrained(tmp / "model")
-            for f in tokenizer_files:  # tokenizer, official modeling code, generation config, ...
-                shutil.copy2(f, tmp / "model" / f.name)
-        torch.save({"rng": rng_states, "scheduler": scheduler.state_dict()}, tmp / "rng.pt")
-        (tmp / "trainer.json").write_text(json.dumps({**state, "options": dataclasses.asdict(opts),
-                                                      "world_size": dist.get_world_size()
-                                                      if dist.is_initialized() else 1}, indent=2))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)  # the checkpoint becomes visible only when complete
-        atomic_write_text(out / "latest", name + "\n")
-        for old in sorted((out / "checkpoints").glob("step-*"))[:-opts.keep_last]:
-            if not old.name.endswith(".tmp"):
-                shutil.rmtree(old, ignore_errors=True)
-    barrier()
-    return final
+def data_fingerprint(examples):
+    """sha256 of the tokenised examples in order (token ids and prompt lengths): it changes with the file's content,
+    its format, the tokenizer and --max-len, not with the file's path or date."""
+    h = hashlib.sha256()
+    for ids, prompt_len in examples:
+        h.update(array.array("q", (len(ids), prompt_len)).tobytes())
+        h.update(array.array("q", ids).tobytes())
+    return h.hexdigest()[:16]
 
 
-def load_checkpoint(model, optimizer, scheduler, opts, world):
-    out = Path(opts.out)
-    latest = out / "latest"
-    if not latest.exists():
-        raise FileNotFoundError(f"--resume: no checkpoint in {out} (missing {latest})")
-    ckpt = out / "checkpoints" / latest.read_text().strip()
-    meta = json.loads((ckpt / "trainer.json").read_text())
-    saved = meta["options"]
-    differ = {k: (saved.get(k), v) for k, v in dataclasses.asdict(opts).items()
-              if k not in RESUMABLE_CHANGES and saved.get(k) != v}
-    if differ:
-        raise ValueError(f"--resume: {ckpt} was written with different options (saved, now): {differ}")
-    if meta["world_size"] != world:
-        raise ValueError(f"--resume: {ckpt} was written by {meta['world_size']} processes, now {world}: "
-                         "the global RNG states (LoRA dropout) are saved per rank")
-    sd_opts = StateDictOptions(ignore_frozen_params=opts.lora, strict=not opts.lora)  # LoRA: adapters only
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=sd_opts)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(ckpt / "train_state"))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=sd_opts)
-    extra = torch.load(ckpt / "rng.pt", weights_only=False)
-    scheduler.load_state_dict(extra["scheduler"])
-    return meta, extra["rng"]
+def folder_fingerprint(folder):
+    """sha256 of a Hugging Face folder's config.json, tokenizer.json and weights. Each safetensors file contributes
+    its size, its header (names, dtypes, shapes) and 16 evenly spaced 64 KiB samples of its data: fine-tuning
+    changes those bytes, and reading all 16 GB of LLaDA-8B at every start would take a minute."""
+    folder, h = Path(folder), hashlib.sha256()
+    for name in ("config.json", "tokenizer.json"):
+        if (folder / name).is_file():
+            h.update(name.encode() + (folder / name).read_bytes())
+    for path in weight_files(folder):
+        size = path.stat().st_size
+        h.update(f"{path.name} {size}".encode())
+        with open(path, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            h.update(f.read(min(header_len, size)))
+            start = 8 + header_len
+            for k in range(WEIGHT_SAMPLES):
+                f.seek(start + k * max(size - start, 0) // WEIGHT_SAMPLES)
+                h.update(f.read(WEIGHT_SAMPLE_BYTES))
+    return h.hexdigest()[:16]
+
+
+def tensors_fingerprint(model):
+    """sha256 of every tensor of a (small) model: the embedded task's base, which exists only in memory."""
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode() + tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 # -----------------------------------------------------------------------------
-# The loop
+# One optimizer step
 
 
-def train(opts):
-    rank, world, device = setup_distributed()
-    out = Path(opts.out)
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
-             "bfloat16": torch.bfloat16, "float32": torch.float32}[opts.dtype]
+@dataclass
+class MicroBatch:
+    """One rank's micro-batch of one optimizer step. Pass 1 of train_step fills the fields after `real`."""
+    input_ids: torch.Tensor  # (B, L) clean sequences, right-padded
+    answer_mask: torch.Tensor  # (B, L) bool: answer positions (padding included), where the loss lives
+    generators: object  # one torch.Generator per row (its t and its mask), or one for the whole micro-batch
+    ref_betas: torch.Tensor = None  # (B, L) GIFT*: the initial model's betas
+    real: bool = True  # False: a zero-weight dummy row that keeps the DDP / FSDP2 collectives in lockstep
+    noisy_ids: torch.Tensor = None  # (B, L) input_ids with the masked positions set to the mask token
+    weight: torch.Tensor = None  # (B, L) w_i
+    norm: str = ""  # "answer" or "masked"
+    stats: dict = None  # objective_batch's statistics
 
-    # model, tokenizer and data (every rank builds the same thing from the same seed)
-    heldout = None
-    if opts.model:
-        tokenizer = load_tokenizer(opts.model)
-        model = LLaDA.from_pretrained(opts.model, dtype=dtype if opts.lora else torch.float32)
-        config = model.config
-        examples, stats = load_dataset(opts.data, tokenizer, fmt=opts.data_format, max_len=opts.max_len,
-                                       skip_bad_rows=opts.skip_bad_rows)
-        base_files = [f for f in Path(opts.model).iterdir()
-                      if f.is_file() and not f.name.endswith(".safetensors") and f.name not in
-                      ("config.json", "model.safetensors.index.json")]
-    else:
-        tokenizer, config, model, examples, heldout = build_embedded_task(opts, out)
-        stats = {"held_out_puzzles": len(heldout)}
-        if rank == 0:
-            out.mkdir(parents=True, exist_ok=True)
-            tokenizer.save(str(out / "tokenizer.json"))
-        barrier()
-        base_files = [out / "tokenizer.json"]
-    print0(f"data: {len(examples)} examples {stats}")
-    ids_special = special_ids(tokenizer, config)
 
-    model = wrap_model(model, opts, world, device, dtype)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=opts.weight_decay)
-    global_batch = opts.batch_size * opts.grad_accum * world
-    steps_per_epoch = math.ceil(len(examples) / global_batch)
-    total_steps = opts.epochs * steps_per_epoch
-    if opts.max_steps:
-        total_steps = min(total_steps, opts.max_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(opts, total_steps))
-
-    state = {"step": 0, "epoch": 0, "step_in_epoch": 0, "bad_in_row": 0, "skipped_steps": 0}
-    first_step = 0
-    if opts.resume:
-        meta, rng = load_checkpoint(model, optimizer, scheduler, opts, world)
-        state.update({k: meta[k] for k in state})
-        first_step = state["step"]
-        torch.set_rng_state(rng[rank]["cpu"])  # LoRA dropout draws from the global generators
-        if rng[rank]["cuda"] is not None:
-            torch.cuda.set_rng_state(rng[rank]["cuda"], device)
-        print0(f"resumed from step {state['step']} (epoch {state['epoch']}, step {state['step_in_epoch']})")
-
-    # GIFT*: betas of the frozen initial model, computed once per example and cached (Appendix "GIFT*")
-    ref_betas = None
-    if opts.loss == "gift-star":
-        ref_betas = reference_betas_cache(model, examples, opts, rank, world, device, ids_special)
-
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and dtype == torch.bfloat16
-                else contextlib.nullcontext())
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-    metrics = open(out / "metrics.jsonl", "a") if rank == 0 else None
-    t_start, tokens_seen, window = time.time(), 0, []
-    model.train()
-    while state["step"] < total_steps:
-        order = epoch_order(len(examples), state["epoch"], opts.seed)
-        batches = step_batches(order, global_batch)
-        while state["step_in_epoch"] < len(batches) and state["step"] < total_steps:
-            step_indices = batches[state["step_in_epoch"]]
-            everyone = [rank_micro_batches(step_indices, r, world, opts.batch_size, opts.grad_accum)
-                        for r in range(world)]
-            micro = everyone[rank]
-            # pad micro-batch j to the longest example of micro-batch j over ALL ranks: pads are trained on, so
-            # this keeps the distributed loss equal to the single-process one (every rank knows every index)
-            pad_lengths = [opts.max_len if opts.pad_to_max_len else
-                           max([len(examples[i][0]) for r in range(world) for i in everyone[r][j]] or [1])
-                           for j in range(opts.grad_accum)]
-            # pass 1 for every micro-batch: the noise (and for GIFT the no-grad entropy pass)
-            prepared, local = [], {"rows": 0.0, "masked": 0.0, "answer": 0.0, "tokens": 0.0}
-            for idx, pad_to in zip(micro, pad_lengths):
-                real = len(idx) > 0
-                rows = idx if real else [0]  # a zero-weight dummy keeps DDP / FSDP2 in lockstep
-                input_ids, prompt_lengths = collate([examples[i] for i in rows], ids_special.pad,
-                                                    pad_to=max(pad_to, len(examples[rows[0]][0])))
-                input_ids, prompt_lengths = input_ids.to(device), prompt_lengths.to(device)
-                L = input_ids.shape[1]
-                answer_mask = torch.arange(L, device=device)[None] >= prompt_lengths[:, None]
-                rb = None if ref_betas is None else ref_betas[rows][:, :L].to(device)
-                with autocast:
-                    noisy_ids, weight, norm, stats = objective_batch(
-                        opts.loss, model, input_ids, answer_mask,
-                        [example_generator(opts.seed, state["epoch"], i, device) for i in rows], eps=opts.eps,
-                        beta_power=opts.beta_power, ref_betas=rb)
-                norm = opts.norm or norm
-                if not real:
-                    weight = torch.zeros_like(weight)
-                masked = (noisy_ids == config.mask_token_id) & answer_mask
-                if real:
-                    local["rows"] += len(rows)
-                    local["masked"] += float(masked.sum())
-                    local["answer"] += float(answer_mask.sum())
-                    local["tokens"] += input_ids.numel()
-                prepared.append((input_ids, noisy_ids, weight, answer_mask, norm, stats, real))
-            g_rows, g_masked, g_answer, g_tokens = all_reduce_sum(
-                [local["rows"], local["masked"], local["answer"], local["tokens"]], device)
-
-            # pass 2: the loss with the GLOBAL normaliser, so N ranks x K micro-steps give exactly the loss of one
-            # process on the whole global batch (DDP / FSDP2 average gradients over ranks, hence the * world)
-            loss_sum = 0.0
-            for j, (input_ids, noisy_ids, weight, answer_mask, norm, stats, real) in enumerate(prepared):
-                last = j == len(prepared) - 1
-                sync = gradient_sync(model, enabled=last)
-                with sync, autocast:
-                    denominator = max(g_masked, 1.0) if norm == "masked" else g_rows
-                    loss = diffusion_loss(model, input_ids, noisy_ids, weight, answer_mask, norm=norm,
-                                          denominator=denominator)
-                    (loss * world).backward()
-                loss_sum += float(loss.detach())
-            loss_global = all_reduce_sum([loss_sum], device)[0]
-
-            grad_norm = (torch.nn.utils.clip_grad_norm_(params, opts.grad_clip) if opts.grad_clip > 0
-                         else torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
-            grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-            finite = math.isfinite(loss_global) and math.isfinite(grad_norm)
-            if finite:
-                optimizer.step()
-                state["bad_in_row"] = 0
-            else:  # skip the update; the last good checkpoint stays as it is
-                state["bad_in_row"] += 1
-                state["skipped_steps"] += 1
-                print0(f"step {state['step'] + 1}: non-finite loss {loss_global} or grad norm {grad_norm}, "
-                       f"update skipped ({state['bad_in_row']} in a row)")
-                if state["bad_in_row"] >= opts.max_bad_steps:
-                    raise RuntimeError(f"{opts.max_bad_steps} non-finite steps in a row, the last at step "
-                                       f"{state['step'] + 1}; stopping (last good checkpoint in {out / 'latest'})")
-            optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
-            state["step"] += 1
-            state["step_in_epoch"] += 1
-            tokens_seen += g_tokens
-            window.append((loss_global, grad_norm, g_masked / max(g_answer, 1.0), prepared[0][5]))
-
-            if state["step"] % opts.log_every == 0 or state["step"] == total_steps:
-                elapsed = time.time() - t_start
-                betas = [w[3] for w in window if "beta_mean" in w[3]]
-                record = {
-                    "step": state["step"], "total_steps": total_steps, "epoch": state["epoch"],
-                    "loss": sum(w[0] for w in window) / len(window), "lr": scheduler.get_last_lr()[0],
-                    "grad_norm": sum(w[1] for w in window) / len(window),
-                    "masked_fraction": sum(w[2] for w in window) / len(window),
-                    "tokens_per_s": tokens_seen / elapsed, "elapsed_s": elapsed,
-                    "eta_s": elapsed / (state["step"] - first_step)
-                    * (total_steps - state["step"]), "skipped_steps": state["skipped_steps"],
-                }
-                if betas:
-                    record["beta_mean"] = sum(float(b["beta_mean"]) for b in betas) / len(betas)
-                    record["beta_std"] = sum(float(b["beta_std"]) for b in betas) / len(betas)
-                print0(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
-                if metrics:
-                    metrics.write(json.dumps(record) + "\n")
-                    metrics.flush()
-                window = []
-
-            epoch_done = state["step_in_epoch"] == len(batches)
-            if epoch_done:
-                state["epoch"] += 1
-                state["step_in_epoch"] = 0
-            if (opts.save_every and state["step"] % opts.save_every == 0) or \
-                    (not opts.save_every and epoch_done) or state["step"] == total_steps:
-                rng_states = gather_objects({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device)
-                                             if device.type == "cuda" else None})
-                save_checkpoint(model, optimizer, scheduler, opts, dict(state), rng_states, base_files)
-    final = Path(opts.out) / "checkpoints" / (Path(opts.out) / "latest").read_text().strip()
-    print0(f"done: {state['step']} steps in {time.time() - t_start:.0f} s; checkpoint {final}")
-    return model, tokenizer, heldout, final
+# the per-step sums train_step all-reduces: the loss normalisers and the logged statistics
+COUNTS = ("n_rows", "n_masked", "n_answer", "n_tokens", "beta_n", "beta_sum", "beta_sq_sum")
 
 
 def example_generator(seed, epoch, index, device):
     """The noise of example `index` in `epoch` (its t and its mask) comes from its own seeded generator: the draws
     do not depend on the batch layout (N ranks draw what one process draws) and a resumed run redraws them."""
     return torch.Generator(device=device).manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
+
+
+def step_micro_batches(examples, step_indices, epoch, rank, world, micro_batch, accum, pad_id, device, seed,
+                       pad_to=0, ref_betas=None):
+    """This rank's `accum` MicroBatches of one optimizer step (data.rank_micro_batches), on `device`. Micro-batch j
+    is padded to its longest example over ALL ranks: pads are answer positions and are trained on, so padding must
+    not depend on the split for N ranks to compute what one process computes. pad_to > 0 pads every micro-batch to
+    that length instead. An empty micro-batch becomes a zero-weight dummy row."""
+    everyone = [rank_micro_batches(step_indices, r, world, micro_batch, accum) for r in range(world)]
+    batches = []
+    for j, indices in enumerate(everyone[rank]):
+        rows = indices or [step_indices[0]]
+        L = pad_to or max(len(examples[i][0]) for i in rows + [i for part in everyone for i in part[j]])
+        input_ids, prompt_lengths = collate([examples[i] for i in rows], pad_id, pad_to=L)
+        answer_mask = torch.arange(L)[None] >= prompt_lengths[:, None]  # (B, L)
+        batches.append(MicroBatch(
+            input_ids.to(device), answer_mask.to(device), [example_generator(seed, epoch, i, device) for i in rows],
+            None if ref_betas is None else ref_betas[rows, :L].to(device), real=bool(indices)))
+    return batches
 
 
 def gradient_sync(model, enabled):
@@ -827,35 +711,511 @@ def gradient_sync(model, enabled):
     return contextlib.nullcontext()
 
 
+def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, beta_power=BETA_POWER, grad_clip=1.0,
+               autocast=contextlib.nullcontext()):
+    """One optimizer step of Algorithm 2 on a global batch split over ranks and micro-batches (each rank passes its
+    own MicroBatches). norm "": the objective's default (DEFAULT_NORM). Returns a dict: loss (of the whole global
+    batch), grad_norm (before clipping), stepped (False when either is not finite: the update is skipped), and the
+    COUNTS summed over micro-batches and ranks."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    device = micro_batches[0].input_ids.device
+    params = [p for p in model.parameters() if p.requires_grad]
+
+    # pass 1, every micro-batch: t, the mask and the weights (GIFT: first the no-grad entropy pass, Algorithm 1)
+    for mb in micro_batches:
+        with autocast:
+            mb.noisy_ids, weight, default_norm, mb.stats = objective_batch(
+                loss_name, model, mb.input_ids, mb.answer_mask, mb.generators, eps=eps, beta_power=beta_power,
+                ref_betas=mb.ref_betas)
+        mb.weight = weight if mb.real else torch.zeros_like(weight)
+        mb.norm = norm or default_norm
+        mb.stats.update(n_tokens=mb.input_ids.numel(), beta_n=mb.stats["n_answer"] if "beta_sum" in mb.stats else 0)
+
+    # the global counts, over micro-batches and ranks: the loss normaliser and the step's statistics
+    local = [sum(float(mb.stats.get(k, 0)) for mb in micro_batches if mb.real) for k in COUNTS]
+    counts = dict(zip(COUNTS, all_reduce_sum(local, device)))
+
+    # pass 2: the loss with the GLOBAL normaliser, so that N ranks x K micro-batches give exactly the loss of one
+    # process on the whole batch (DDP / FSDP2 average gradients over ranks, hence the * world)
+    loss_sum = 0.0
+    for j, mb in enumerate(micro_batches):
+        denominator = max(counts["n_masked"], 1.0) if mb.norm == "masked" else counts["n_rows"]
+        with gradient_sync(model, enabled=j == len(micro_batches) - 1), autocast:
+            loss = diffusion_loss(model, mb.input_ids, mb.noisy_ids, mb.weight, mb.answer_mask, norm=mb.norm,
+                                  denominator=denominator)
+            (loss * world).backward()
+        loss_sum += float(loss.detach())
+    loss = all_reduce_sum([loss_sum], device)[0]
+
+    # clip, then update unless the loss or the gradient is not finite (a skipped step changes no weight)
+    if grad_clip > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    stepped = math.isfinite(loss) and math.isfinite(grad_norm)
+    if stepped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return dict(loss=loss, grad_norm=grad_norm, stepped=stepped, **counts)
+
+
+# -----------------------------------------------------------------------------
+# GIFT*: the initial model's betas, computed once per example before training
+
+
 @torch.no_grad()
-def reference_betas_cache(model, examples, opts, rank, world, device, ids_special):
-    """GIFT*: betas of the frozen initial model, one no-grad pass over the dataset before training, each example
-    padded to the dataset's longest length (a batch of length L uses the first L). Cached in <out>/ref_betas.pt
-    and reused on resume; the ranks split the pass and share the result."""
-    path = Path(opts.out) / "ref_betas.pt"
-    if path.exists():
-        cache = torch.load(path)
-        if cache["n"] == len(examples) and cache["beta_power"] == opts.beta_power:
-            return cache["betas"]
-    L_max = opts.max_len if opts.pad_to_max_len else max(len(ids) for ids, _ in examples)
-    mine = list(range(rank, len(examples), world))
+def initial_model_betas(model, examples, pad_id, length, batch_size, device, beta_power=BETA_POWER):
+    """Algorithm 1 with the model as it is now, adapters disabled under LoRA: call it before any checkpoint is
+    loaded and it gives GIFT*'s betas of the INITIAL model. Each example padded to `length` (a batch of length
+    L < length uses the first L). Returns (len(examples), length) float32 on the CPU."""
     rows = []
     with lora_disabled(unwrap(model)):
-        for start in range(0, len(mine), opts.batch_size):
-            idx = mine[start:start + opts.batch_size]
-            input_ids, prompt_lengths = collate([examples[i] for i in idx], ids_special.pad, pad_to=L_max)
-            input_ids, prompt_lengths = input_ids.to(device), prompt_lengths.to(device)
-            answer_mask = torch.arange(L_max, device=device)[None] >= prompt_lengths[:, None]
-            rows += list(zip(idx, entropy_betas(model, input_ids, answer_mask, power=opts.beta_power).float().cpu()))
-    betas = torch.zeros(len(examples), L_max)
-    for part in gather_objects(rows):
-        for i, b in part:
-            betas[i] = b
-    if rank == 0:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"n": len(examples), "beta_power": opts.beta_power, "betas": betas}, path.with_suffix(".tmp"))
+        for start in range(0, len(examples), batch_size):
+            input_ids, prompt_lengths = collate(examples[start:start + batch_size], pad_id, pad_to=length)
+            answer_mask = torch.arange(length)[None] >= prompt_lengths[:, None]  # (B, L)
+            betas = entropy_betas(model, input_ids.to(device), answer_mask.to(device), power=beta_power)
+            rows.append(betas.float().cpu())
+    return torch.cat(rows) if rows else torch.zeros(0, length)
+
+
+def gift_star_betas(model, examples, path, key, pad_id, length, batch_size, device, beta_power=BETA_POWER):
+    """initial_model_betas for the whole dataset, the ranks splitting the examples, cached in `path` under `key`
+    (the fingerprints of the data and the base model, beta_power, length): a resumed run reads them back, a run on
+    other data or another base recomputes them. (len(examples), length) float32 on the CPU."""
+    if path.exists():
+        cache = torch.load(path)
+        if cache.get("key") == key:
+            return cache["betas"]
+        print0(f"{path}: computed for other data, another base model or other settings; recomputing")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    mine = list(range(rank, len(examples), world))
+    padded = mine + [0] * (math.ceil(len(examples) / world) - len(mine))  # equal batches: FSDP2's forward is collective
+    part = initial_model_betas(model, [examples[i] for i in padded], pad_id, length, batch_size, device, beta_power)
+    betas = torch.zeros(len(examples), length)
+    for r, part_r in enumerate(gather_objects(part[:len(mine)])):
+        betas[r::world] = part_r
+    if is_rank0():
+        torch.save({"key": key, "betas": betas}, path.with_suffix(".tmp"))
         os.replace(path.with_suffix(".tmp"), path)
     return betas
+
+
+# -----------------------------------------------------------------------------
+# The output folder: one run per folder, never overwritten by accident, and preemption
+
+RUN_FILES = ("checkpoints", "latest", "metrics.jsonl", "ref_betas.pt")  # what a run writes into --out
+
+
+def lock_folder(out):
+    """An exclusive flock on <out>/.lock, held for the run's life. The kernel drops it when the process ends, however
+    it ends (kill -9 included), so a crashed run never leaves the folder locked. Returns the open lock file."""
+    out.mkdir(parents=True, exist_ok=True)
+    lock = open(out / ".lock", "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise RuntimeError(f"{out} is in use by a running job ({holder}): one run per output folder; wait for it "
+                           "to end, or choose another --out") from None
+    except OSError as e:  # a file system without locks (some network mounts): go on, unprotected
+        print(f"warning: cannot lock {out / '.lock'} ({e}); make sure no other run writes into {out}")
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    lock.flush()
+    return lock
+
+
+def claim_output_folder(out, resume, overwrite):
+    """Rank 0, before anything is written: lock the folder, refuse to start a fresh run over an existing one (unless
+    `overwrite`, which deletes it), and remove the .tmp folders of interrupted saves. Returns the lock."""
+    lock = lock_folder(out)
+    try:
+        existing = [name for name in RUN_FILES if (out / name).exists()]
+        if existing and not resume:
+            if not overwrite:
+                raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}): continue it with --resume, "
+                                      "start over with --overwrite (deletes it), or choose another --out")
+            print(f"--overwrite: deleting the run in {out} ({', '.join(existing)})")
+            for name in existing:
+                shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+        for tmp in (out / "checkpoints").glob("*.tmp"):  # interrupted saves (tens of GB each at 8B)
+            print(f"removing {tmp}, left by an interrupted save")
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        lock.close()
+        raise
+    return lock
+
+
+class Preemption:
+    """SIGTERM or SIGUSR1 (what Slurm and most clusters send some seconds before they kill a job; torchrun passes the
+    signal it gets on to its workers and kills them 30 s later): remember it. The loop finishes its step, writes a
+    checkpoint and exits with status 128 + the signal's number. A second signal ends the process at once."""
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __enter__(self):
+        self.signum, self.previous = 0, {}
+        if threading.current_thread() is threading.main_thread():  # Python runs handlers in the main thread only
+            self.previous = {s: signal.signal(s, self.handle) for s in self.SIGNALS}
+        return self
+
+    def handle(self, signum, frame):
+        if self.signum:  # the second signal: no checkpoint
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        self.signum = signum
+        os.write(2, f"{signal.Signals(signum).name}: finishing this step, then a checkpoint and exit "
+                    "(send it again to exit at once)\n".encode())
+
+    def __exit__(self, *exc):
+        for s, handler in self.previous.items():
+            signal.signal(s, handler)
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints: <out>/checkpoints/step-N/ = the model in an ecosystem format (a PEFT adapter, or a complete
+# Hugging Face folder) + train_state/ (torch.distributed.checkpoint: model + optimizer, sharded under FSDP2)
+# + trainer.json (TrainState, options, fingerprints) + loop_state.pt (every rank's RNG state, the LR schedule, the
+# steps not yet logged). Written to step-N.tmp and renamed when complete; <out>/latest names the newest.
+
+
+@dataclass
+class TrainState:
+    """Where the run is: with the model, the optimizer and loop_state.pt, all a resumed run needs to continue
+    exactly as if it had never stopped."""
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # the epoch of the next step
+    step_in_epoch: int = 0  # its index in that epoch's order
+    bad_in_row: int = 0  # non-finite steps in a row (the updates were skipped)
+    skipped_steps: int = 0
+    elapsed_s: float = 0.0  # training time, summed over every attempt
+    tokens_seen: int = 0  # padded tokens of every step so far
+    checkpoints: list = field(default_factory=list)  # this run's checkpoints, oldest first: rotation deletes these only
+
+
+def save_checkpoint(model, optimizer, folder, trainer, loop_state, lora, export_files=(), base_name=""):
+    """Every rank calls it. The model in an ecosystem format (LoRA: a PEFT adapter; full: a Hugging Face folder with
+    `export_files` copied in), the sharded training state, trainer.json (`trainer`) and loop_state.pt, written to
+    <folder>.tmp and renamed to `folder` when complete; then <out>/latest names it."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    if is_rank0():
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=lora))
+    with quiet_single_process_dcp():
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "train_state"))
+    full = None
+    if not lora:  # gather the full weights (collective under FSDP2) for the Hugging Face export
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if is_rank0():
+        if lora:
+            save_adapter(unwrap(model), tmp / "adapter", base_model_name_or_path=base_name)
+        else:
+            export = LLaDA(unwrap(model).config)
+            export.load_state_dict(full)
+            export.save_pretrained(tmp / "model")
+            for f in export_files:  # tokenizer, official modeling code, generation config, ...
+                shutil.copy2(f, tmp / "model" / f.name)
+        torch.save(loop_state, tmp / "loop_state.pt")
+        (tmp / "trainer.json").write_text(json.dumps(trainer, indent=2))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)  # the checkpoint becomes visible only when complete
+        atomic_write_text(folder.parent.parent / "latest", folder.name + "\n")
+    barrier()
+
+
+def checkpoint_problem(ckpt):
+    """Why checkpoint folder `ckpt` cannot be resumed from, or None: a missing part, an unreadable trainer.json, or a
+    train_state shard shorter than its metadata says (a truncated copy)."""
+    if not ckpt.is_dir():
+        return "the folder does not exist"
+    for part in ("trainer.json", "loop_state.pt", "train_state/.metadata"):
+        if not (ckpt / part).is_file():
+            return f"{part} is missing"
+    try:
+        meta = json.loads((ckpt / "trainer.json").read_text())
+        TrainState(**meta["state"]), meta["options"], meta["fingerprints"], meta["world_size"]
+    except (ValueError, KeyError, TypeError) as e:
+        return f"trainer.json is unreadable ({type(e).__name__}: {e})"
+    try:
+        storage = dcp.FileSystemReader(str(ckpt / "train_state")).read_metadata().storage_data
+    except Exception as e:  # any unpickling error
+        return f"train_state/.metadata is unreadable ({type(e).__name__})"
+    for info in storage.values():
+        shard = ckpt / "train_state" / info.relative_path
+        if not shard.is_file() or shard.stat().st_size < info.offset + info.length:
+            return f"train_state/{info.relative_path} is missing or truncated"
+    return None
+
+
+def resume_candidates(out):
+    """Rank 0, for --resume: the names of the checkpoints to try, best first: the one <out>/latest names, then the
+    other complete ones, newest first. Says which it skips and why. [] when the run has no checkpoint yet."""
+    latest = out / "latest"
+    named = latest.read_text().strip() if latest.is_file() else ""
+    folders = sorted((p for p in (out / "checkpoints").glob("step-*") if not p.name.endswith(".tmp")), reverse=True)
+    order = ([out / "checkpoints" / named] if named else []) + [p for p in folders if p.name != named]
+    good, notes = [], [] if named else [f"{latest} is {'empty' if latest.exists() else 'missing'}"]
+    for ckpt in order:
+        problem = checkpoint_problem(ckpt)
+        if problem:
+            notes.append(f"skipping {ckpt}: {problem}")
+        else:
+            good.append(ckpt.name)
+    if not good and folders:
+        raise RuntimeError(f"--resume: no usable checkpoint in {out / 'checkpoints'}: " + "; ".join(notes)
+                           + ". Restore one, or start over with --overwrite")
+    if good and notes:
+        print("--resume: " + "; ".join(notes) + f"; using {good[0]}")
+    return good
+
+
+def check_resumable(meta, ckpt, opts, world, fingerprints):
+    """Refuse to continue checkpoint `ckpt` (its trainer.json: `meta`) with other options, another number of
+    processes, other data or another base model, saying what changed."""
+    saved = meta["options"]
+    differ = {k: (saved.get(k), v) for k, v in dataclasses.asdict(opts).items()
+              if k not in RESUMABLE_CHANGES and saved.get(k) != v}
+    if differ:
+        raise ValueError(f"--resume: {ckpt} was written with different options (saved, now): {differ}")
+    if meta["world_size"] != world:
+        raise ValueError(f"--resume: {ckpt} was written by {meta['world_size']} processes, now {world}: "
+                         "the global RNG states (LoRA dropout) are saved per rank")
+    then = meta["fingerprints"]
+    if then["data"] != fingerprints["data"]:
+        raise ValueError(f"--resume: the training data changed since {ckpt}: {then['examples']} examples (fingerprint "
+                         f"{then['data']}) then, {fingerprints['examples']} ({fingerprints['data']}) now from "
+                         f"{opts.data or 'the embedded task'}; resume with the original data, or start over with "
+                         "--overwrite")
+    if then["model"] != fingerprints["model"]:
+        raise ValueError(f"--resume: the base model changed since {ckpt}: fingerprint {then['model']} then, "
+                         f"{fingerprints['model']} now ({opts.model or 'the embedded task'}); resume with the original "
+                         "base, or start over with --overwrite")
+
+
+def load_checkpoint(model, optimizer, scheduler, ckpt, lora):
+    """Load `ckpt`'s model and optimizer state (every rank its shards) and LR schedule; returns loop_state.pt."""
+    sd_opts = StateDictOptions(ignore_frozen_params=lora, strict=not lora)  # LoRA: adapters only
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=sd_opts)
+    state = {"model": model_sd, "optim": optim_sd}
+    with quiet_single_process_dcp():
+        dcp.load(state, checkpoint_id=str(ckpt / "train_state"))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=sd_opts)
+    loop_state = torch.load(ckpt / "loop_state.pt", weights_only=True)
+    scheduler.load_state_dict(loop_state["scheduler"])
+    return loop_state
+
+
+def truncate_metrics(path, step):
+    """Rank 0, on resume: keep the metrics.jsonl records of steps <= `step` (the resumed checkpoint's); the later
+    ones are recomputed, identically. A torn last line (a kill in mid-write) goes too."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            pass
+    atomic_write_text(path, "".join(kept))
+
+
+# -----------------------------------------------------------------------------
+# The metrics log
+
+
+def log_record(window, state, epoch, total_steps, lr, eta_s):
+    """One metrics.jsonl record for the train_step results in `window` (the steps since the last record): loss and
+    gradient norm averaged over the steps; the masked fraction and the beta statistics pooled over every answer
+    token of every micro-batch and rank. Non-finite values become None (JSON null)."""
+    total = {k: sum(w[k] for w in window) for k in COUNTS}
+    record = dict(step=state.step, total_steps=total_steps, epoch=epoch,
+                  loss=sum(w["loss"] for w in window) / len(window), lr=lr,
+                  grad_norm=sum(w["grad_norm"] for w in window) / len(window),
+                  masked_fraction=total["n_masked"] / max(total["n_answer"], 1.0),
+                  tokens_per_s=state.tokens_seen / max(state.elapsed_s, 1e-9), elapsed_s=state.elapsed_s,
+                  eta_s=eta_s, skipped_steps=state.skipped_steps)
+    if total["beta_n"] > 0:
+        mean = total["beta_sum"] / total["beta_n"]
+        record.update(beta_mean=mean, beta_std=math.sqrt(max(total["beta_sq_sum"] / total["beta_n"] - mean ** 2, 0)))
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+
+
+# -----------------------------------------------------------------------------
+# The loop
+
+
+def train(opts):
+    """The whole run: claim --out, build or load the model and data, optionally resume, loop over the epochs, and
+    checkpoint. Returns (model, tokenizer, held-out puzzles or None, the last checkpoint's folder)."""
+    rank, world, device = setup_distributed()
+    lock = on_rank0(lambda: claim_output_folder(Path(opts.out), opts.resume, opts.overwrite))
+    try:
+        with Preemption() as preemption:
+            return run(opts, rank, world, device, preemption)
+    finally:
+        if lock is not None:
+            lock.close()  # releases the flock
+
+
+def run(opts, rank, world, device, preemption):
+    out = Path(opts.out)
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
+             "bfloat16": torch.bfloat16, "float32": torch.float32}[opts.dtype]
+    candidates = broadcast_object(on_rank0(lambda: resume_candidates(out))) if opts.resume else []
+
+    # model, tokenizer and data (every rank builds the same thing from the same seed), and their fingerprints
+    heldout = None
+    if opts.model:
+        tokenizer = load_tokenizer(opts.model)
+        model = LLaDA.from_pretrained(opts.model, dtype=dtype if opts.lora else torch.float32)
+        config = model.config
+        examples, stats = load_dataset(opts.data, tokenizer, fmt=opts.data_format, max_len=opts.max_len,
+                                       skip_bad_rows=opts.skip_bad_rows)
+        export_files = [f for f in Path(opts.model).iterdir()
+                        if f.is_file() and not f.name.endswith(".safetensors") and f.name not in
+                        ("config.json", "model.safetensors.index.json")]
+        model_fingerprint = folder_fingerprint(opts.model)
+    else:
+        tokenizer, config, model, examples, heldout = build_embedded_task(opts.seed, opts.eval_puzzles)
+        stats = {"held_out_puzzles": len(heldout)}
+        if rank == 0:
+            tokenizer.save(str(out / "tokenizer.json"))
+        barrier()
+        export_files = [out / "tokenizer.json"]
+        model_fingerprint = tensors_fingerprint(model)
+    fingerprints = dict(data=data_fingerprint(examples), examples=len(examples), model=model_fingerprint)
+    print0(f"data: {len(examples)} examples {stats}")
+    if candidates:  # refuse other options or data before the expensive part
+        check_resumable(json.loads((out / "checkpoints" / candidates[0] / "trainer.json").read_text()),
+                        out / "checkpoints" / candidates[0], opts, world, fingerprints)
+    ids_special = special_ids(tokenizer, config)
+
+    lora = (dict(r=opts.lora_r, alpha=opts.lora_alpha, dropout=opts.lora_dropout,
+                 targets=tuple(opts.lora_targets.split(","))) if opts.lora else None)
+    model = wrap_model(model, device, dtype, world, lora, opts.activation_checkpointing, opts.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=opts.weight_decay)
+    global_batch = opts.batch_size * opts.grad_accum * world
+    steps_per_epoch = math.ceil(len(examples) / global_batch)
+    total_steps = opts.epochs * steps_per_epoch
+    if opts.max_steps:
+        total_steps = min(total_steps, opts.max_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(opts.schedule, opts.warmup_steps, total_steps))
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and dtype == torch.bfloat16
+                else contextlib.nullcontext())
+
+    # GIFT*: the betas of the INITIAL model, so before any checkpoint is loaded (Appendix "GIFT*")
+    ref_betas = None
+    if opts.loss == "gift-star":
+        length = opts.max_len if opts.pad_to_max_len else max(len(ids) for ids, _ in examples)
+        key = dict(fingerprints, beta_power=opts.beta_power, length=length)
+        with autocast:
+            ref_betas = gift_star_betas(model, examples, out / "ref_betas.pt", key, ids_special.pad, length,
+                                        opts.batch_size, device, opts.beta_power)
+
+    # resume: the first candidate that loads (a corrupt one is skipped, saying why); else start at step 0
+    state, window = TrainState(), []  # window: the train_step results not yet logged
+    torch.manual_seed(opts.seed * 1000 + rank)  # LoRA dropout draws from each rank's global generator
+    for i, name in enumerate(candidates):
+        ckpt = out / "checkpoints" / name
+        meta = json.loads((ckpt / "trainer.json").read_text())
+        check_resumable(meta, ckpt, opts, world, fingerprints)
+        try:
+            loop_state = load_checkpoint(model, optimizer, scheduler, ckpt, opts.lora)
+        except Exception as e:  # a damaged file the checks could not see
+            print0(f"--resume: cannot load {ckpt} ({type(e).__name__}: {e})")
+            if i + 1 == len(candidates):
+                raise RuntimeError(f"--resume: no checkpoint in {out / 'checkpoints'} loads; start over with "
+                                   "--overwrite") from e
+            continue
+        state, window = TrainState(**meta["state"]), loop_state["log_window"]
+        torch.set_rng_state(loop_state["rng"][rank]["cpu"])
+        if loop_state["rng"][rank]["cuda"] is not None:
+            torch.cuda.set_rng_state(loop_state["rng"][rank]["cuda"], device)
+        print0(f"resumed from {ckpt}: step {state.step} (epoch {state.epoch}, step {state.step_in_epoch} in it)")
+        break
+    if opts.resume and not state.checkpoints:
+        print0(f"--resume: no checkpoint in {out} yet; starting at step 0")
+    if opts.resume:
+        on_rank0(lambda: truncate_metrics(out / "metrics.jsonl", state.step))
+
+    metrics = open(out / "metrics.jsonl", "a") if rank == 0 else None
+    first_step, t_attempt, t_last = state.step, time.time(), time.time()
+    batches, batches_epoch = [], None
+    model.train()
+    while state.step < total_steps:
+        if batches_epoch != state.epoch:  # epoch e's own permutation: it depends only on (seed, e)
+            batches = step_batches(epoch_order(len(examples), state.epoch, opts.seed), global_batch)
+            batches_epoch = state.epoch
+        micro_batches = step_micro_batches(examples, batches[state.step_in_epoch], state.epoch, rank, world,
+                                           opts.batch_size, opts.grad_accum, ids_special.pad, device, opts.seed,
+                                           opts.max_len if opts.pad_to_max_len else 0, ref_betas)
+        result = train_step(model, optimizer, micro_batches, opts.loss, opts.norm, opts.eps, opts.beta_power,
+                            opts.grad_clip, autocast)
+        scheduler.step()
+
+        # where we are now
+        epoch = state.epoch
+        state.step += 1
+        state.step_in_epoch += 1
+        epoch_done = state.step_in_epoch == len(batches)
+        if epoch_done:
+            state.epoch, state.step_in_epoch = state.epoch + 1, 0
+        now = time.time()
+        state.elapsed_s, t_last = state.elapsed_s + now - t_last, now
+        state.tokens_seen += int(result["n_tokens"])
+        state.bad_in_row = 0 if result["stepped"] else state.bad_in_row + 1
+        state.skipped_steps += not result["stepped"]
+        if not result["stepped"]:
+            print0(f"step {state.step}: non-finite loss {result['loss']} or grad norm {result['grad_norm']}, "
+                   f"update skipped ({state.bad_in_row} in a row)")
+            if state.bad_in_row >= opts.max_bad_steps:
+                raise RuntimeError(f"{opts.max_bad_steps} non-finite steps in a row, the last at step {state.step}; "
+                                   f"stopping (last good checkpoint in {out / 'latest'})")
+
+        window.append(result)
+        if state.step % opts.log_every == 0 or state.step == total_steps:
+            eta_s = (now - t_attempt) / (state.step - first_step) * (total_steps - state.step)
+            record = log_record(window, state, epoch, total_steps, scheduler.get_last_lr()[0], eta_s)
+            print0(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+            if metrics:
+                metrics.write(json.dumps(record, allow_nan=False) + "\n")
+                metrics.flush()
+            window = []
+
+        # a checkpoint every save_every steps (or at each epoch's end), at the end, and when preempted
+        signum = all_reduce_max(preemption.signum, device)
+        if ((opts.save_every and state.step % opts.save_every == 0) or (not opts.save_every and epoch_done)
+                or state.step == total_steps or signum):
+            name = f"step-{state.step:07d}"
+            ours = [n for n in state.checkpoints if n != name] + [name]
+            state.checkpoints = ours[-opts.keep_last:]
+            rng = gather_objects({"cpu": torch.get_rng_state(),
+                                  "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
+            trainer = dict(state=dataclasses.asdict(state), options=dataclasses.asdict(opts), world_size=world,
+                           fingerprints=fingerprints)
+            loop_state = dict(rng=rng, scheduler=scheduler.state_dict(), log_window=window)
+            save_checkpoint(model, optimizer, out / "checkpoints" / name, trainer, loop_state, opts.lora,
+                            export_files, opts.model or "embedded")
+            if rank == 0:  # rotation: only this run's older checkpoints
+                for old in ours[:-opts.keep_last]:
+                    shutil.rmtree(out / "checkpoints" / old, ignore_errors=True)
+        if signum:
+            print0(f"preempted by {signal.Signals(signum).name} at step {state.step}: checkpoint "
+                   f"{out / 'checkpoints' / state.checkpoints[-1]} written; resume with --resume")
+            raise SystemExit(128 + signum)
+
+    final = out / "checkpoints" / state.checkpoints[-1]
+    print0(f"done: {state.step} steps in {state.elapsed_s:.0f} s; checkpoint {final}")
+    return model, tokenizer, heldout, final
 
 
 def evaluate_embedded(heldout, checkpoint, seed, device):

@@ -251,7 +251,7 @@ class LLaDA(nn.Module):
         with torch.device("meta"):
             model = cls(config)
         expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        shards = _shard_files(path)
+        shards = weight_files(path)
         # check names and shapes before reading any data, so a bad checkpoint fails at once
         found = {}
         for shard in shards:
@@ -304,7 +304,9 @@ class LLaDA(nn.Module):
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def _shard_files(path):
+def weight_files(path):
+    """The safetensors files of a Hugging Face folder: model.safetensors, or the shards its index lists."""
+    path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]

@@ -5,9 +5,9 @@
     python bench/train_step.py --device cuda --dtype bfloat16 --d-model 4096 --n-heads 32 --n-layers 32 \
         --mlp 12288 --vocab 126464 --seq 2048 --batch 1 --lora-r 128 --modes lora     # LLaDA-8B on one GPU
 
-A step is what gift.py's training loop does for one micro-batch, built from the same functions:
+A step is gift.train_step itself, the training loop's optimizer step, on one micro-batch: the model from
 gift.wrap_model (LoRA or full fine-tuning), gift.objective_batch (the noise; for gift / gift-elbo also the no-grad
-entropy pass of Algorithm 1; gift-star reads betas that gift.reference_betas_cache computed ONCE, before timing,
+entropy pass of Algorithm 1; gift-star reads betas that gift.initial_model_betas computed ONCE, before timing,
 from the initial model), gift.diffusion_loss, backward, gradient clipping and the AdamW update. Every row is half
 prompt, half answer. The variants run in rounds, ABCD then DCBA, so drift of a shared machine hits all of them
 alike; each round gives each variant's ratio to the SFT step of the same round, and the table shows the median.
@@ -42,12 +42,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
-from gift import diffusion_loss, objective_batch, reference_betas_cache, wrap_model  # noqa: E402
+from gift import MicroBatch, initial_model_betas, train_step, wrap_model  # noqa: E402
 from model import LLaDA, LLaDAConfig, LoRALinear  # noqa: E402
 
 LOSSES = ("sft", "gift", "gift-elbo", "gift-star")
@@ -74,13 +73,12 @@ def build_model(a, mode, device, dtype):
     """The model and its AdamW exactly as gift.train sets them up (gift.wrap_model: LoRA r, alpha 2r, dropout 0.05
     on q, k, v with the base in `dtype`; full fine-tuning in float32 master weights)."""
     model = LLaDA(build_config(a)).init_weights(torch.Generator().manual_seed(a.seed))
-    opts = SimpleNamespace(activation_checkpointing=a.activation_checkpointing, lora=mode == "lora", lora_r=a.lora_r,
-                           lora_alpha=2 * a.lora_r, lora_dropout=0.05, lora_targets="q_proj,k_proj,v_proj",
-                           seed=a.seed)
-    model = wrap_model(model, opts, world=1, device=device, dtype=dtype).train()
+    lora = dict(r=a.lora_r, alpha=2 * a.lora_r, dropout=0.05, targets=("q_proj", "k_proj", "v_proj"))
+    model = wrap_model(model, device, dtype, world=1, lora=lora if mode == "lora" else None,
+                       activation_checkpointing=a.activation_checkpointing, seed=a.seed).train()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
-    return model, params, optimizer
+    return model, optimizer
 
 
 def build_batch(a, device):
@@ -94,30 +92,19 @@ def build_batch(a, device):
 
 def cached_reference_betas(model, input_ids, prompt_len, device):
     """gift-star: the betas of the frozen initial model (adapters disabled under LoRA), computed once before
-    training by the training loop's own function, in a throwaway output folder. (B, L) float32."""
+    training by the training loop's own function (gift.initial_model_betas). (B, L) float32."""
     examples = [(row.tolist(), prompt_len) for row in input_ids.cpu()]
-    with tempfile.TemporaryDirectory() as out:
-        opts = SimpleNamespace(out=out, beta_power=0.5, max_len=input_ids.shape[1], pad_to_max_len=True,
-                               batch_size=len(examples))
-        special = SimpleNamespace(pad=model.config.pad_token_id)
-        return reference_betas_cache(model, examples, opts, 0, 1, device, special)
+    return initial_model_betas(model, examples, model.config.pad_token_id, input_ids.shape[1], len(examples), device)
 
 
-def make_step(loss_name, model, params, optimizer, input_ids, answer_mask, ref_betas, autocast):
-    """One optimizer step, as in gift.train: pass 1 (objective_batch), pass 2 (diffusion_loss + backward), clip,
-    AdamW. Returns a function of the repetition index (it seeds the noise, so every variant sees the same t
-    in the same round) giving the number of masked answer tokens of the step."""
+def make_step(loss_name, model, optimizer, input_ids, answer_mask, ref_betas, autocast):
+    """One optimizer step: gift.train_step itself (pass 1: objective_batch; the global counts; pass 2:
+    diffusion_loss + backward; clip; AdamW) on one micro-batch. Returns a function of the repetition index (it seeds
+    the noise, so every variant sees the same t in the same round) giving the number of masked answer tokens."""
     def step(i):
         generator = torch.Generator(input_ids.device).manual_seed(1000 + i)
-        with autocast:
-            noisy_ids, weight, norm, stats = objective_batch(loss_name, model, input_ids, answer_mask, generator,
-                                                             ref_betas=ref_betas)
-            loss = diffusion_loss(model, input_ids, noisy_ids, weight, answer_mask, norm=norm)
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return int(stats["n_masked"])
+        batch = MicroBatch(input_ids, answer_mask, generator, ref_betas)
+        return int(train_step(model, optimizer, [batch], loss_name, grad_clip=GRAD_CLIP, autocast=autocast)["n_masked"])
     return step
 
 
@@ -188,10 +175,10 @@ def memory_worker(a, mode, loss_name, betas_file):
     """Build the variant, note the RSS, run one step, print the peak RSS as JSON (parent: memory_in_subprocess)."""
     torch.set_num_threads(a.threads)
     device, dtype = torch.device(a.device), getattr(torch, a.dtype)
-    model, params, optimizer = build_model(a, mode, device, dtype)
+    model, optimizer = build_model(a, mode, device, dtype)
     input_ids, answer_mask, _ = build_batch(a, device)
     ref_betas = torch.load(betas_file).to(device) if loss_name == "gift-star" else None  # as a resumed run does
-    step = make_step(loss_name, model, params, optimizer, input_ids, answer_mask, ref_betas, autocast_for(a))
+    step = make_step(loss_name, model, optimizer, input_ids, answer_mask, ref_betas, autocast_for(a))
     before = rss_bytes()
     step(0)
     print(json.dumps({"before": before, "peak": peak_rss_bytes()}))
@@ -232,13 +219,13 @@ def run(a):
     n_answer = int(answer_mask.sum())
     variants, betas_files, tmp = [], {}, tempfile.TemporaryDirectory()
     for mode in a.modes:
-        model, params, optimizer = build_model(a, mode, device, dtype)
+        model, optimizer = build_model(a, mode, device, dtype)
         with autocast_for(a):  # gift-star: once, before the first step, as gift.train does
             ref_betas = cached_reference_betas(model, input_ids, prompt_len, device).to(device)
         betas_files[mode] = Path(tmp.name) / f"ref_betas_{mode}.pt"
         torch.save(ref_betas.cpu(), betas_files[mode])
         for loss_name in a.losses:
-            step = make_step(loss_name, model, params, optimizer, input_ids, answer_mask,
+            step = make_step(loss_name, model, optimizer, input_ids, answer_mask,
                              ref_betas if loss_name == "gift-star" else None, autocast_for(a))
             variants.append(dict(mode=mode, loss=loss_name, step=step, times=[], wall=[], n_masked=[], peak=0,
                                  n_lora=lora_params(model)))
