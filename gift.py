@@ -417,9 +417,10 @@ EMBEDDED_GLOBAL_BATCH = 32  # split over the processes, so `python gift.py` and 
 EMBEDDED_PUZZLES = dict(n_train=20000, n_blanks=(2, 8))  # held-out puzzles: --eval-puzzles, 8 blanks as d1's
 # the answer "<answer>{16 digits}</answer><|eot_id|>" is 34 tokens: generate exactly that, one token per step
 EMBEDDED_EVAL = dict(gen_length=34, block_length=34, steps=34, batch_size=64)
-# options that may change between a run and its resumption
+# options that may change between a run and its resumption (the data and the base model may move: their content is
+# checked by fingerprint)
 RESUMABLE_CHANGES = {"out", "resume", "overwrite", "log_every", "save_every", "keep_last", "max_bad_steps",
-                     "eval_puzzles", "epochs", "max_steps"}
+                     "eval_puzzles", "epochs", "max_steps", "model", "data"}
 
 
 def parse_dataclass_flags(parser, cls, argv=None):
@@ -1140,6 +1141,7 @@ def run(opts, rank, world, device, preemption):
         torch.set_rng_state(loop_state["rng"][rank]["cpu"])
         if loop_state["rng"][rank]["cuda"] is not None:
             torch.cuda.set_rng_state(loop_state["rng"][rank]["cuda"], device)
+        on_rank0(lambda: atomic_write_text(out / "latest", name + "\n"))  # it may have named a damaged one
         print0(f"resumed from {ckpt}: step {state.step} (epoch {state.epoch}, step {state.step_in_epoch} in it)")
         break
     if opts.resume and not state.checkpoints:

@@ -1,7 +1,9 @@
+import json
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -14,3 +16,56 @@ def shared_path(*parts):
     if not p.exists():
         pytest.skip(f"{p} not found (../shared is not beside the repo)")
     return p
+
+
+# -----------------------------------------------------------------------------
+# A tiny base model and data set for the training tests (tests/test_train.py, tests/test_resume.py)
+
+ROWS = [("what is two plus three", "five"), ("name a color", "blue is a color"), ("count to four", "1 2 3 4"),
+        ("say hi", "hi"), ("spell cat", "c a t"), ("is ten even", "yes: ten is even 10/2 is 5"),
+        ("reverse abc", "cba"), ("largest of 3 9 4", "9"), ("what is 7 times 6", "42"),
+        ("a word with q", "quiz"), ("first letter of zebra", "z"), ("sum 1 to 4", "1 2 3 4 sum to 10")]
+
+
+def write_rows(path, rows):
+    with open(path, "w") as f:
+        for prompt, response in rows:
+            f.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
+
+
+@pytest.fixture(scope="session")
+def base(tmp_path_factory):
+    """A tiny LLaDA folder (config.json, model.safetensors, tokenizer.json) and a 12-row prompt/response JSONL.
+    Initialised with std 0.2, so that its entropies (GIFT's betas) differ from token to token."""
+    from data import make_char_tokenizer, tiny_config_for
+    from model import LLaDA
+    root = tmp_path_factory.mktemp("base")
+    tokenizer = make_char_tokenizer()
+    config = tiny_config_for(tokenizer, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64)
+    LLaDA(config).init_weights(torch.Generator().manual_seed(0), std=0.2).save_pretrained(root / "model")
+    tokenizer.save(str(root / "model" / "tokenizer.json"))
+    write_rows(root / "data.jsonl", ROWS)
+    return root
+
+
+def train_args(base, out, *extra, batch_size=2, data=None):
+    """gift.py flags for a tiny run: 12 examples, global batch 4 on one process = 3 steps per epoch."""
+    return ["--model", str(base / "model"), "--data", str(data or base / "data.jsonl"), "--out", str(out),
+            "--lr", "3e-3", "--epochs", "2", "--batch-size", str(batch_size), "--grad-accum", "2", "--log-every", "1",
+            "--lora-r", "4", "--lora-alpha", "8", "--lora-dropout", "0", "--warmup-steps", "1", *extra]
+
+
+def latest(out):
+    return out / "checkpoints" / (out / "latest").read_text().strip()
+
+
+def metrics(out):
+    """metrics.jsonl, parsed strictly (NaN or Infinity in it is an error: it is not JSON)."""
+    def refuse(constant):
+        raise ValueError(f"metrics.jsonl holds {constant}, which is not JSON")
+    return [json.loads(line, parse_constant=refuse) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(out, lora):
+    from safetensors.torch import load_file
+    return load_file(latest(out) / ("adapter/adapter_model.safetensors" if lora else "model/model.safetensors"))

@@ -3,52 +3,20 @@ distributed runs (2 processes, gloo) equal to one process with the same global b
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, latest, metrics, train_args
 from safetensors.torch import load_file
 
 import gift
-from data import load_tokenizer, make_char_tokenizer, tiny_config_for
-from gift import entropy_betas, main, parse_options
+from data import load_tokenizer
+from gift import main, parse_options
 from model import LLaDA, load_adapter
 
-ROWS = [("what is two plus three", "five"), ("name a color", "blue is a color"), ("count to four", "1 2 3 4"),
-        ("say hi", "hi"), ("spell cat", "c a t"), ("is ten even", "yes: ten is even 10/2 is 5"),
-        ("reverse abc", "cba"), ("largest of 3 9 4", "9"), ("what is 7 times 6", "42"),
-        ("a word with q", "quiz"), ("first letter of zebra", "z"), ("sum 1 to 4", "1 2 3 4 sum to 10")]
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    """A tiny LLaDA folder (config.json, model.safetensors, tokenizer.json) and a prompt/response JSONL file."""
-    root = tmp_path_factory.mktemp("base")
-    tokenizer = make_char_tokenizer()
-    config = tiny_config_for(tokenizer, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64)
-    LLaDA(config).init_weights(torch.Generator().manual_seed(0)).save_pretrained(root / "model")
-    tokenizer.save(str(root / "model" / "tokenizer.json"))
-    with open(root / "data.jsonl", "w") as f:
-        for prompt, response in ROWS:
-            f.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
-    return root
-
-
-def args(base, out, *extra, batch_size=2):
-    return ["--model", str(base / "model"), "--data", str(base / "data.jsonl"), "--out", str(out),
-            "--lr", "3e-3", "--epochs", "2", "--batch-size", str(batch_size), "--grad-accum", "2", "--log-every", "1",
-            "--lora-r", "4", "--lora-alpha", "8", "--lora-dropout", "0", "--warmup-steps", "1", *extra]
-
-
-def latest(out):
-    return out / "checkpoints" / (out / "latest").read_text().strip()
-
-
-def metrics(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+args = train_args
 
 
 # -----------------------------------------------------------------------------
@@ -106,33 +74,7 @@ def test_bad_row_names_the_line(base, tmp_path):
 
 
 # -----------------------------------------------------------------------------
-# Resume: N steps straight == N/2 steps, stop, resume, N/2 more
-
-
-@pytest.mark.parametrize("mode", ["full", "lora"])
-def test_resume_equals_uninterrupted(base, tmp_path, mode):
-    extra = ["--loss", "gift", "--save-every", "2", "--keep-last", "10"] + (["--lora"] if mode == "lora" else [])
-    straight = tmp_path / "straight"
-    main(args(base, straight, *extra))  # 12 examples / global batch 4 = 3 steps per epoch, 6 steps
-    assert [r["step"] for r in metrics(straight)] == list(range(1, 7))
-    # "crash" after step 2: keep only what existed then
-    resumed = tmp_path / "resumed"
-    shutil.copytree(straight, resumed)
-    for ckpt in (resumed / "checkpoints").iterdir():
-        if ckpt.name != "step-0000002":
-            shutil.rmtree(ckpt)
-    (resumed / "latest").write_text("step-0000002\n")
-    (resumed / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics(straight)[:2]))
-    main(args(base, resumed, *extra, "--resume"))
-    a, b = metrics(straight), metrics(resumed)
-    assert [r["step"] for r in b] == list(range(1, 7))
-    for ra, rb in zip(a, b):
-        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5)
-        assert ra["lr"] == pytest.approx(rb["lr"], rel=1e-12)
-    name = "adapter/adapter_model.safetensors" if mode == "lora" else "model/model.safetensors"
-    wa, wb = load_file(latest(straight) / name), load_file(latest(resumed) / name)
-    for k in wa:
-        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+# Resume (more in tests/test_resume.py)
 
 
 def test_resume_refuses_changed_options(base, tmp_path):
@@ -161,7 +103,7 @@ def test_interrupted_checkpoint_leaves_the_last_good_one(base, tmp_path, monkeyp
 
 
 # -----------------------------------------------------------------------------
-# Faults and GIFT*
+# Faults
 
 
 def test_non_finite_steps_are_skipped_then_stop(base, tmp_path, monkeypatch, capsys):
@@ -169,24 +111,6 @@ def test_non_finite_steps_are_skipped_then_stop(base, tmp_path, monkeypatch, cap
     with pytest.raises(RuntimeError, match="step 3"):
         main(args(base, tmp_path / "nan", "--max-bad-steps", "3"))
     assert capsys.readouterr().out.count("update skipped") == 3
-
-
-def test_gift_star_betas_cached_from_the_initial_model(base, tmp_path):
-    out = tmp_path / "star"
-    main(args(base, out, "--loss", "gift-star", "--max-steps", "2"))
-    cache = torch.load(out / "ref_betas.pt")
-    opts = parse_options(args(base, out))
-    model = LLaDA.from_pretrained(base / "model")
-    from data import collate, load_dataset
-    examples, _ = load_dataset(opts.data, load_tokenizer(opts.model))
-    L = cache["betas"].shape[1]
-    ids, prompt_lengths = collate(examples, model.config.pad_token_id, pad_to=L)
-    answer_mask = torch.arange(L)[None] >= prompt_lengths[:, None]
-    torch.testing.assert_close(cache["betas"], entropy_betas(model, ids, answer_mask), rtol=1e-5, atol=1e-6)
-    # a resumed run reuses the cache instead of recomputing it
-    os.utime(out / "ref_betas.pt", (0, 0))
-    main(args(base, out, "--loss", "gift-star", "--max-steps", "3", "--resume"))
-    assert (out / "ref_betas.pt").stat().st_mtime == 0
 
 
 # -----------------------------------------------------------------------------
@@ -212,5 +136,8 @@ def test_two_processes_equal_one(base, tmp_path, mode):
     wa, wb = load_file(latest(one) / name), load_file(latest(two) / name)
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5)
-    for ra, rb in zip(metrics(one), metrics(two)):
-        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-4)
+    a, b = metrics(one), metrics(two)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
+    for ra, rb in zip(a, b):  # the statistics pool every micro-batch of every rank
+        for key in ("loss", "masked_fraction", "beta_mean", "beta_std"):
+            assert ra[key] == pytest.approx(rb[key], rel=1e-4), key
