@@ -26,8 +26,11 @@ forward process with per-token rates beta_i: for an exact denoiser it equals -lo
 Without it (`gift`, what the paper ran) it is a reweighting that is neither -log p(x0) nor a bound on it
 (tests/test_losses.py pins both facts down by exact enumeration).
 
-The training step calls `objective_batch` (the no-grad entropy pass, t, the mask, the weights) and then
-`diffusion_loss` (the one forward/backward pass) with the global normaliser.
+One optimizer step (`train_step`, Part 2) calls `objective_batch` (the no-grad entropy pass, t, the mask, the
+weights) for every micro-batch and then `diffusion_loss` (the one forward/backward pass) with the global normaliser.
+
+Part 2, the training loop (`train`): a fresh data order every epoch, checkpoints that resume exactly, safe output
+folders and preemption; see README.md "Long runs".
 """
 
 import argparse
