@@ -63,7 +63,8 @@ from torch.utils.checkpoint import checkpoint
 from data import (FORMATS, collate, epoch_order, load_dataset, load_tokenizer, make_char_tokenizer,
                   rank_micro_batches, special_ids, step_batches, sudoku_examples, sudoku_split, tiny_config_for)
 from eval import SUDOKU_QUESTION, evaluate
-from model import LLaDA, add_lora, atomic_write_text, lora_disabled, lora_layers, save_adapter, weight_files
+from model import (LLaDA, LLaDAConfig, add_lora, atomic_write_text, load_weight_rows, lora_disabled, lora_layers,
+                   merged_state_dict, save_adapter, stored_dtype, weight_files)
 
 # -----------------------------------------------------------------------------
 # Constants
@@ -400,6 +401,10 @@ class TrainOptions:
     seed: int = field(default=42, metadata={"help": "model init, data order, noise and dropout seed"})
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 on GPU, float32 on CPU)|bfloat16|float32"})
     activation_checkpointing: bool = field(default=False, metadata={"help": "recompute blocks in backward"})
+    save_dtype: str = field(default="auto", metadata={"help": "exported weights: auto (the base's stored dtype: "
+                                                      "bf16 in, bf16 out)|bfloat16|float32"})
+    save_merged: bool = field(default=False, metadata={"help": "LoRA: each checkpoint also exports merged/, the "
+                                                       "base with the adapters folded in (a Hugging Face folder)"})
     # bookkeeping
     log_every: int = field(default=10, metadata={"help": "optimizer steps between log lines"})
     save_every: int = field(default=0, metadata={"help": "optimizer steps between checkpoints (0 = each epoch)"})
@@ -423,7 +428,7 @@ EMBEDDED_EVAL = dict(gen_length=34, block_length=34, steps=34, batch_size=64)
 # options that may change between a run and its resumption (the data and the base model may move: their content is
 # checked by fingerprint)
 RESUMABLE_CHANGES = {"out", "resume", "overwrite", "log_every", "save_every", "keep_last", "max_bad_steps",
-                     "eval_puzzles", "epochs", "max_steps", "model", "data"}
+                     "eval_puzzles", "epochs", "max_steps", "model", "data", "save_dtype", "save_merged"}
 
 
 def parse_dataclass_flags(parser, cls, argv=None):
@@ -455,6 +460,12 @@ def parse_options(argv=None):
         parser.error(f"--loss {opts.loss!r}: choose one of {', '.join(LOSSES)}")
     if opts.norm not in ("", "answer", "masked"):
         parser.error(f"--norm {opts.norm!r}: choose answer or masked")
+    if opts.dtype not in ("auto", "bfloat16", "float32"):
+        parser.error(f"--dtype {opts.dtype!r}: choose auto, bfloat16 or float32")
+    if opts.save_dtype not in ("auto", "bfloat16", "float32"):
+        parser.error(f"--save-dtype {opts.save_dtype!r}: choose auto, bfloat16 or float32")
+    if opts.save_merged and not opts.lora:
+        parser.error("--save-merged needs --lora (a full fine-tuning checkpoint is already a complete model/)")
     if opts.schedule not in ("linear", "cosine", "constant"):
         parser.error(f"--schedule {opts.schedule!r}: choose linear, cosine or constant")
     for name in ("epochs", "batch_size", "grad_accum", "log_every", "keep_last"):
@@ -577,7 +588,9 @@ def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=
     """lora=None: full fine-tuning; float32 master weights, sharded with FSDP2 over `world` > 1 processes (one
     group per block, then the root), computing in `dtype` with float32 gradient reductions.
     lora=dict(r=, alpha=, dropout=, targets=): float32 adapters (A initialised from `seed`) on a frozen base in
-    `dtype`, replicated with DDP over `world` > 1 processes."""
+    `dtype`, replicated with DDP over `world` > 1 processes.
+    A full fine-tuning model built on the meta device is sharded there and then given empty float32 storage on
+    `device`: fill it with model.load_weight_rows (each rank reads only its rows; no process holds the whole model)."""
     if activation_checkpointing:
         model.set_activation_checkpointing(True)
     if lora is not None:
@@ -586,13 +599,17 @@ def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=
         if world > 1:
             model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         return model
-    model.to(device=device, dtype=torch.float32)
+    on_meta = next(model.parameters()).is_meta
+    if not on_meta:
+        model.to(device=device, dtype=torch.float32)
     if world > 1:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
         for block in model.model.transformer.blocks:
             fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
+    if on_meta:
+        model.to_empty(device=device)
     return model
 
 
@@ -901,10 +918,31 @@ class TrainState:
     checkpoints: list = field(default_factory=list)  # this run's checkpoints, oldest first: rotation deletes these only
 
 
-def save_checkpoint(model, optimizer, folder, trainer, loop_state, lora, export_files=(), base_name=""):
-    """Every rank calls it. The model in an ecosystem format (LoRA: a PEFT adapter; full: a Hugging Face folder with
-    `export_files` copied in), the sharded training state, trainer.json (`trainer`) and loop_state.pt, written to
-    <folder>.tmp and renamed to `folder` when complete; then <out>/latest names it."""
+@dataclass
+class Export:
+    """What every checkpoint exports for use outside training, besides its training state."""
+    dtype: torch.dtype  # of the Hugging Face folders' weights: by default the base's own (bf16 in, bf16 out)
+    files: list  # the base folder's other files (tokenizer, official modeling code, ...), copied into each folder
+    base_name: str = ""  # adapter_config.json's base_model_name_or_path
+    merged: bool = False  # LoRA: also merged/, the base with the adapters folded in
+
+
+def export_pretrained(config, state_dict, path, dtype, files=()):
+    """A Hugging Face folder from a full state dict: the module built on the meta device and filled with
+    assign=True (never randomly initialised), the weights cast to `dtype` one by one (each float32 tensor is freed
+    as its copy is made), config.json's torch_dtype saying so, and `files` copied beside them."""
+    with torch.device("meta"):
+        export = LLaDA(config)
+    export.load_state_dict({k: state_dict.pop(k).to(dtype) for k in list(state_dict)}, assign=True)
+    export.save_pretrained(path)
+    for f in files:
+        shutil.copy2(f, path / f.name)
+
+
+def save_checkpoint(model, optimizer, folder, trainer, loop_state, lora, export):
+    """Every rank calls it. The model in an ecosystem format (LoRA: a PEFT adapter, and with export.merged the
+    merged model; full: a Hugging Face folder), the sharded training state, trainer.json (`trainer`) and
+    loop_state.pt, written to <folder>.tmp and renamed to `folder` when complete; then <out>/latest names it."""
     tmp = folder.with_name(folder.name + ".tmp")
     if is_rank0():
         shutil.rmtree(tmp, ignore_errors=True)
@@ -917,14 +955,13 @@ def save_checkpoint(model, optimizer, folder, trainer, loop_state, lora, export_
     if not lora:  # gather the full weights (collective under FSDP2) for the Hugging Face export
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if is_rank0():
+        config = unwrap(model).config
         if lora:
-            save_adapter(unwrap(model), tmp / "adapter", base_model_name_or_path=base_name)
+            save_adapter(unwrap(model), tmp / "adapter", base_model_name_or_path=export.base_name)
+            if export.merged:
+                export_pretrained(config, merged_state_dict(unwrap(model)), tmp / "merged", export.dtype, export.files)
         else:
-            export = LLaDA(unwrap(model).config)
-            export.load_state_dict(full)
-            export.save_pretrained(tmp / "model")
-            for f in export_files:  # tokenizer, official modeling code, generation config, ...
-                shutil.copy2(f, tmp / "model" / f.name)
+            export_pretrained(config, full, tmp / "model", export.dtype, export.files)
         torch.save(loop_state, tmp / "loop_state.pt")
         (tmp / "trainer.json").write_text(json.dumps(trainer, indent=2))
         shutil.rmtree(folder, ignore_errors=True)
@@ -1079,7 +1116,11 @@ def run(opts, rank, world, device, preemption):
     heldout = None
     if opts.model:
         tokenizer = load_tokenizer(opts.model)
-        model = LLaDA.from_pretrained(opts.model, dtype=dtype if opts.lora else torch.float32)
+        if opts.lora:
+            model = LLaDA.from_pretrained(opts.model, dtype=dtype)
+        else:  # full fine-tuning: built on the meta device, filled after sharding (below)
+            with torch.device("meta"):
+                model = LLaDA(LLaDAConfig.from_json(Path(opts.model) / "config.json"))
         config = model.config
         examples, stats = load_dataset(opts.data, tokenizer, fmt=opts.data_format, max_len=opts.max_len,
                                        skip_bad_rows=opts.skip_bad_rows)
@@ -1087,6 +1128,7 @@ def run(opts, rank, world, device, preemption):
                         if f.is_file() and not f.name.endswith(".safetensors") and f.name not in
                         ("config.json", "model.safetensors.index.json")]
         model_fingerprint = folder_fingerprint(opts.model)
+        base_dtype = stored_dtype(opts.model)
     else:
         tokenizer, config, model, examples, heldout = build_embedded_task(opts.seed, opts.eval_puzzles)
         stats = {"held_out_puzzles": len(heldout)}
@@ -1095,6 +1137,7 @@ def run(opts, rank, world, device, preemption):
         barrier()
         export_files = [out / "tokenizer.json"]
         model_fingerprint = tensors_fingerprint(model)
+        base_dtype = torch.float32
     fingerprints = dict(data=data_fingerprint(examples), examples=len(examples), model=model_fingerprint)
     print0(f"data: {len(examples)} examples {stats}")
     if candidates:  # refuse other options or data before the expensive part
@@ -1105,6 +1148,10 @@ def run(opts, rank, world, device, preemption):
     lora = (dict(r=opts.lora_r, alpha=opts.lora_alpha, dropout=opts.lora_dropout,
                  targets=tuple(opts.lora_targets.split(","))) if opts.lora else None)
     model = wrap_model(model, device, dtype, world, lora, opts.activation_checkpointing, opts.seed)
+    if opts.model and not opts.lora:
+        load_weight_rows(model, opts.model, rank, world)
+    export = Export(dtype=base_dtype if opts.save_dtype == "auto" else getattr(torch, opts.save_dtype),
+                    files=export_files, base_name=opts.model or "embedded", merged=opts.save_merged)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=opts.weight_decay)
     global_batch = opts.batch_size * opts.grad_accum * world
@@ -1113,8 +1160,8 @@ def run(opts, rank, world, device, preemption):
     if opts.max_steps:
         total_steps = min(total_steps, opts.max_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(opts.schedule, opts.warmup_steps, total_steps))
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and dtype == torch.bfloat16
-                else contextlib.nullcontext())
+    # bf16: autocast on the CPU as on a GPU (one code path); norms, softmax and losses stay float32 (model.py, above)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16 else contextlib.nullcontext()
 
     # GIFT*: the betas of the INITIAL model, so before any checkpoint is loaded (Appendix "GIFT*")
     ref_betas = None
@@ -1208,8 +1255,7 @@ def run(opts, rank, world, device, preemption):
             trainer = dict(state=dataclasses.asdict(state), options=dataclasses.asdict(opts), world_size=world,
                            fingerprints=fingerprints)
             loop_state = dict(rng=rng, scheduler=scheduler.state_dict(), log_window=window)
-            save_checkpoint(model, optimizer, out / "checkpoints" / name, trainer, loop_state, opts.lora,
-                            export_files, opts.model or "embedded")
+            save_checkpoint(model, optimizer, out / "checkpoints" / name, trainer, loop_state, opts.lora, export)
             if rank == 0:  # rotation: only this run's older checkpoints
                 for old in ours[:-opts.keep_last]:
                     shutil.rmtree(out / "checkpoints" / old, ignore_errors=True)

@@ -250,23 +250,7 @@ class LLaDA(nn.Module):
         config = LLaDAConfig.from_json(path / "config.json")
         with torch.device("meta"):
             model = cls(config)
-        expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        shards = weight_files(path)
-        # check names and shapes before reading any data, so a bad checkpoint fails at once
-        found = {}
-        for shard in shards:
-            with safe_open(shard, framework="pt") as f:
-                for key in f.keys():
-                    found[key] = (tuple(f.get_slice(key).get_shape()), shard.name)
-        missing = sorted(set(expected) - set(found))
-        unexpected = sorted(set(found) - set(expected))
-        wrong = sorted(f"{k}: checkpoint {found[k][0]} ({found[k][1]}) vs model {expected[k]}"
-                       for k in set(found) & set(expected) if found[k][0] != expected[k])
-        if missing or unexpected or wrong:
-            raise ValueError(f"checkpoint {path} does not match the config:"
-                             + (f"\n  missing keys: {missing}" if missing else "")
-                             + (f"\n  unexpected keys: {unexpected}" if unexpected else "")
-                             + (f"\n  shape mismatches: {wrong}" if wrong else ""))
+        shards = check_weight_files(path, model)
         device = str(torch.device(device)) if device is not None else "cpu"
         for shard in shards:
             with safe_open(shard, framework="pt", device=device) as f:
@@ -281,6 +265,10 @@ class LLaDA(nn.Module):
         if any(isinstance(m, LoRALinear) for m in self.modules()):
             raise ValueError("the model has LoRA adapters: merge_lora(model) first, or save them with save_adapter")
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        config = self.config
+        dtypes = {v.dtype for v in state.values() if v.is_floating_point()}
+        if len(dtypes) == 1:  # config.json's torch_dtype says what the files hold
+            config = dataclasses.replace(config, extra={**config.extra, "torch_dtype": str(dtypes.pop())[6:]})
         shards, current, size = [], {}, 0
         for k, v in state.items():
             nbytes = v.numel() * v.element_size()
@@ -290,7 +278,7 @@ class LLaDA(nn.Module):
             current[k], size = v, size + nbytes
         shards.append(current)
         with atomic_folder(path) as tmp:
-            self.config.to_json(tmp / "config.json")
+            config.to_json(tmp / "config.json")
             if len(shards) == 1:
                 save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
                 return
@@ -319,6 +307,55 @@ def weight_files(path):
         if not f.exists():
             raise FileNotFoundError(f"{f}: listed in {index.name} but missing")
     return files
+
+
+def check_weight_files(path, model):
+    """Names and shapes of the safetensors of folder `path` against `model` (on any device, meta included), checked
+    before any data is read, so that a bad checkpoint fails at once. Returns the files."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    shards = weight_files(path)
+    found = {}
+    for shard in shards:
+        with safe_open(shard, framework="pt") as f:
+            for key in f.keys():
+                found[key] = (tuple(f.get_slice(key).get_shape()), shard.name)
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    wrong = sorted(f"{k}: checkpoint {found[k][0]} ({found[k][1]}) vs model {expected[k]}"
+                   for k in set(found) & set(expected) if found[k][0] != expected[k])
+    if missing or unexpected or wrong:
+        raise ValueError(f"checkpoint {path} does not match the config:"
+                         + (f"\n  missing keys: {missing}" if missing else "")
+                         + (f"\n  unexpected keys: {unexpected}" if unexpected else "")
+                         + (f"\n  shape mismatches: {wrong}" if wrong else ""))
+    return shards
+
+
+SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
+
+
+def stored_dtype(path):
+    """The dtype the weights of folder `path` are stored in (LLaDA-8B: bfloat16), from the first tensor's header."""
+    with safe_open(weight_files(path)[0], framework="pt") as f:
+        return SAFETENSORS_DTYPES[f.get_slice(next(iter(f.keys()))).get_dtype()]
+
+
+@torch.no_grad()
+def load_weight_rows(model, path, rank, world):
+    """Fill a model sharded by FSDP2 (built on the meta device, fully_shard-ed, then to_empty) from the safetensors
+    of folder `path`: each rank reads only its own rows of each tensor, so no process ever holds the whole model.
+    FSDP2 shards dim 0 into `world` chunks of ceil(n / world) rows (torch.chunk), the last ones shorter or empty;
+    every local shard is cast to the parameter's dtype (float32 master weights from a bf16 checkpoint)."""
+    params = dict(model.named_parameters())
+    for shard in check_weight_files(path, model):
+        with safe_open(shard, framework="pt") as f:
+            for key in f.keys():
+                local = params[key].to_local() if hasattr(params[key], "to_local") else params[key]
+                rows = f.get_slice(key)
+                n = rows.get_shape()[0]
+                start = min(rank * math.ceil(n / world), n)
+                local.copy_(rows[start:start + local.shape[0]])
+    return model
 
 
 # -----------------------------------------------------------------------------
@@ -420,15 +457,30 @@ def lora_disabled(model):
             m.enabled = s
 
 
+def merged_weight(m):
+    """W + B A * alpha / r of a LoRALinear, computed in float32 and returned in W's dtype."""
+    return (m.weight.float() + (m.lora_B @ m.lora_A) * m.scaling).to(m.weight.dtype)
+
+
 @torch.no_grad()
 def merge_lora(model):
     """Fold each adapter into its base weight (W += B A * alpha / r) and put plain nn.Linear layers back."""
     for i, name, m in lora_layers(model):
         merged = nn.Linear(m.in_features, m.out_features, bias=False, device=m.weight.device, dtype=m.weight.dtype)
-        merged.weight.copy_((m.weight.float() + (m.lora_B @ m.lora_A) * m.scaling).to(m.weight.dtype))
+        merged.weight.copy_(merged_weight(m))
         setattr(model.model.transformer.blocks[i], name, merged)
     model.__dict__.pop("lora_config", None)
     return model
+
+
+@torch.no_grad()
+def merged_state_dict(model):
+    """The state dict of the base model with every adapter folded in, leaving `model` as it is (a merged export
+    in the middle of training): the base's own tensors, plus one new tensor per adapted linear."""
+    state = {k: v for k, v in model.state_dict().items() if ".lora_" not in k}
+    for i, name, m in lora_layers(model):
+        state[f"model.transformer.blocks.{i}.{name}.weight"] = merged_weight(m)
+    return state
 
 
 # PEFT's on-disk names, so adapters move between this code and PEFT + the official model

@@ -9,7 +9,7 @@ from conftest import shared_path
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from model import (LLaDA, LLaDAConfig, LoRALinear, add_lora, load_adapter, lora_disabled, merge_lora,
+from model import (LLaDA, LLaDAConfig, LoRALinear, add_lora, load_adapter, lora_disabled, merge_lora, stored_dtype,
                    save_adapter)
 
 
@@ -92,7 +92,12 @@ def test_round_trip_and_sharded(tmp_path):
             assert k == k2 and torch.equal(a, b)
         with torch.no_grad():
             assert torch.equal(model(ids), loaded(ids))
-    assert LLaDAConfig.from_json(tmp_path / "one" / "config.json") == model.config
+    saved = LLaDAConfig.from_json(tmp_path / "one" / "config.json")
+    assert saved.extra.pop("torch_dtype") == "float32"  # what the files hold
+    assert saved == model.config
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    assert LLaDAConfig.from_json(tmp_path / "bf16" / "config.json").extra["torch_dtype"] == "bfloat16"
+    assert stored_dtype(tmp_path / "bf16") == torch.bfloat16 and stored_dtype(tmp_path / "one") == torch.float32
     assert not list(tmp_path.glob("*.tmp-*"))  # no temporary folder left behind
 
 
