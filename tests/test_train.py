@@ -139,5 +139,5 @@ def test_two_processes_equal_one(base, tmp_path, mode):
     a, b = metrics(one), metrics(two)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
     for ra, rb in zip(a, b):  # the statistics pool every micro-batch of every rank
-        for key in ("loss", "masked_fraction", "beta_mean", "beta_std"):
+        for key in ("loss", "grad_norm", "masked_fraction", "beta_mean", "beta_std"):
             assert ra[key] == pytest.approx(rb[key], rel=1e-4), key
