@@ -114,11 +114,12 @@ def test_the_loop_visits_each_epoch_in_its_own_order(base, tmp_path, monkeypatch
 # Resume is exact anywhere
 
 
-@pytest.mark.parametrize("mode", ["full", "lora"])
-def test_resume_equals_uninterrupted_at_three_kinds_of_point(base, tmp_path, monkeypatch, mode):
+@pytest.mark.parametrize("mode,dtype", [("full", "float32"), ("lora", "float32"), ("full", "bfloat16"),
+                                        ("lora", "bfloat16")])
+def test_resume_equals_uninterrupted_at_three_kinds_of_point(base, tmp_path, monkeypatch, mode, dtype):
     """Stopped by SIGTERM inside epoch 0 (step 2), at the epoch boundary (step 3) and inside epoch 2 (step 7), each
     time resumed: the same weights bit for bit, the same metrics, one record per step."""
-    extra = RUN + (("--lora",) if mode == "lora" else ())
+    extra = RUN + ("--dtype", dtype) + (("--lora",) if mode == "lora" else ())
     straight, cut = tmp_path / "straight", tmp_path / "cut"
     main(train_args(base, straight, *extra))
     preempt(monkeypatch, train_args(base, cut, *extra), calls=2)  # steps 1-2
