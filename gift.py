@@ -75,9 +75,6 @@ DREAM_P = 0.3  # the paper's choice for Dream's geometric kernel (ablation, belo
 # answer positions whose full-vocabulary logits exist at one time: 256 x 126464 x 4 B = 128 MB per (c, V) tensor,
 # and a chunk holds a few of them at once (bench/memory.py: a quarter of the naive step's memory needs <= 256)
 CE_CHUNK = 256
-LOSSES = ("sft", "gift", "gift-elbo", "gift-sw", "nll", "dream", "gift-star")
-DEFAULT_NORM = {"sft": "answer", "gift": "masked", "gift-elbo": "answer", "gift-sw": "answer",
-                "nll": "masked", "dream": "answer", "gift-star": "masked"}
 
 # -----------------------------------------------------------------------------
 # Masking probabilities p_i: (B, L), 0 on prompt positions
@@ -288,6 +285,58 @@ def reference_betas(model, input_ids, answer_mask, power=BETA_POWER, chunk_size=
 
 
 # -----------------------------------------------------------------------------
+# The objectives: one small function per row of the table at the top of this file. Each maps the draws (t (B,)
+# and the uniforms u (B, L): token i is masked where u_i < p_i) and the betas (B, L) to (p_i, w_i), both (B, L).
+
+
+def sft_objective(t, u, beta, answer_mask, eps):
+    """eq. (1): p_i = p = (1 - eps) t + eps, w_i = 1 / p."""
+    p = sft_mask_probs(t, answer_mask, eps)
+    return p, importance_weights(p, answer_mask)
+
+
+def gift_objective(t, u, beta, answer_mask, eps):
+    """Theorem 1 / Algorithm 2: p_i = t_i = 1 - (1 - p)^(beta_i / beta_ref), w_i = 1 / t_i. Also `nll` (eq. 13) and
+    `gift-star` (Appendix "GIFT*"), which differ only in where the betas come from."""
+    t_i = gift_mask_probs(t, beta, answer_mask, eps)
+    return t_i, importance_weights(t_i, answer_mask)
+
+
+def gift_elbo_objective(t, u, beta, answer_mask, eps):
+    """GIFT with the Jacobian of Appendix A's change of variables: w_i = r_i (1 - p)^(r_i - 1) / t_i."""
+    t_i = gift_mask_probs(t, beta, answer_mask, eps)
+    return t_i, importance_weights(t_i, answer_mask) * gift_elbo_jacobian(t, beta, answer_mask, eps)
+
+
+def gift_sw_objective(t, u, beta, answer_mask, eps):
+    """eq. (15), the "GIFT (SW)" ablation: SFT's masking, w_i = sqrt(H_i) / p (beta_i = sqrt(H_i))."""
+    p = sft_mask_probs(t, answer_mask, eps)
+    return p, importance_weights(p, answer_mask) * beta
+
+
+def dream_objective(t, u, beta, answer_mask, eps):
+    """eq. (16), Dream's context-adaptive weights: SFT's masking, w_i = w_dream_i / p, w_dream from the tokens left
+    clean by this very mask (the prompt included)."""
+    p = sft_mask_probs(t, answer_mask, eps)
+    return p, importance_weights(p, answer_mask) * dream_weights(~(u < p))
+
+
+# name -> (p_i and w_i, where the betas come from, the default normalisation). Betas: "entropy" = H_i^beta_power
+# (Algorithm 1), "nll" = -log p(x0^i) (eq. 13), "initial" = the initial model's entropies (GIFT*), None = unused.
+OBJECTIVES = {
+    "sft": (sft_objective, None, "answer"),
+    "gift": (gift_objective, "entropy", "masked"),
+    "gift-elbo": (gift_elbo_objective, "entropy", "answer"),
+    "gift-sw": (gift_sw_objective, "entropy", "answer"),
+    "nll": (gift_objective, "nll", "masked"),
+    "dream": (dream_objective, None, "answer"),
+    "gift-star": (gift_objective, "initial", "masked"),
+}
+LOSSES = tuple(OBJECTIVES)
+DEFAULT_NORM = {name: norm for name, (_, _, norm) in OBJECTIVES.items()}
+
+
+# -----------------------------------------------------------------------------
 # The dispatch: what each objective feeds the shared loss
 
 
@@ -300,52 +349,42 @@ def _masked_mean_std(x, sel):
 
 
 def objective_batch(loss_name, model, input_ids, answer_mask, generator, eps=EPS, beta_power=BETA_POWER,
-                    ref_betas=None, norm=None, dream_p=DREAM_P):
+                    ref_betas=None, norm=None):
     """Everything before the gradient pass, for one micro-batch: the no-grad entropy pass when the objective needs
     it, t ~ U(0, 1), p_i, the noisy sequence and the weights. Returns (noisy_ids, weight, norm, stats) for
     diffusion_loss(model, input_ids, noisy_ids, weight, answer_mask, norm, denominator=...).
 
-    loss_name: one of LOSSES (table at the top of this file). norm: None = the objective's default (DEFAULT_NORM),
-    or "answer" / "masked" to hold it fixed across objectives. ref_betas: gift-star only, (B, L) betas of the
-    initial model cached per example (full fine-tuning); when None, gift-star uses the LoRA base model.
+    loss_name: one of LOSSES (OBJECTIVES, the table at the top of this file). norm: None = the objective's default
+    (DEFAULT_NORM), or "answer" / "masked" to hold it fixed across objectives. ref_betas: gift-star only, (B, L)
+    betas of the initial model cached per example (full fine-tuning); when None, gift-star uses the LoRA base model.
     Random draws, in order: t (B,), then one uniform per position; an objective whose p_i equals SFT's therefore
     masks exactly as SFT for the same generator state.
     stats (0-dim tensors, detached; .item() them when logging): n_masked, n_answer, n_rows, frac_masked,
     weight_mean (over masked tokens), beta_mean / beta_std and beta_sum / beta_sq_sum (over answer tokens; gift-sw:
     of its weight)."""
-    if loss_name not in LOSSES:
+    if loss_name not in OBJECTIVES:
         raise ValueError(f"gift.py objective_batch: unknown loss {loss_name!r}; choose one of {LOSSES}")
     if ref_betas is not None and loss_name != "gift-star":
         raise ValueError(f"gift.py objective_batch: ref_betas is only used by gift-star, not {loss_name!r}")
+    objective, betas_from, default_norm = OBJECTIVES[loss_name]
     core = getattr(model, "module", model)
     mask_id = core.config.mask_token_id
-    t = draw_t(len(input_ids), generator, input_ids.device)  # (B,)
+    t = draw_t(len(input_ids), generator, input_ids.device)  # (B,) Algorithm 2, "t ~ U(0, 1)"
+    u = uniforms(input_ids.shape, generator, input_ids.device)  # (B, L) token i is masked where u_i < p_i
 
-    # First pass (no grad, Algorithm 1): the betas, or the GIFT (SW) weight
+    # First pass (no grad, Algorithm 1): the betas
     beta = None
-    if loss_name in ("gift", "gift-elbo", "gift-sw"):
+    if betas_from == "entropy":
         beta = entropy_betas(model, input_ids, answer_mask, power=beta_power)
-    elif loss_name == "nll":
+    elif betas_from == "nll":
         beta = answer_entropy_and_nll(model, input_ids, answer_mask)[1]  # eq. 13: beta_i = -log p(x0^i)
-    elif loss_name == "gift-star":
+    elif betas_from == "initial":
         beta = (ref_betas.to(input_ids.device) if ref_betas is not None
                 else reference_betas(model, input_ids, answer_mask, beta_power))
 
-    # p_i: the uniform SFT rate, or Theorem 1's per-token rate
-    if loss_name in ("sft", "gift-sw", "dream"):
-        p_mask = sft_mask_probs(t, answer_mask, eps)
-    else:
-        p_mask = gift_mask_probs(t, beta.to(t.dtype), answer_mask, eps)
-    noisy_ids = mask_tokens(input_ids, p_mask, mask_id, generator)
-
-    # w_i: 1 / p_i, times the objective's own factor
-    weight = importance_weights(p_mask, answer_mask)
-    if loss_name == "gift-elbo":
-        weight = weight * gift_elbo_jacobian(t, beta.to(t.dtype), answer_mask, eps)
-    elif loss_name == "gift-sw":
-        weight = weight * beta  # eq. 15: w_i = sqrt(H_i), on top of SFT's 1/t
-    elif loss_name == "dream":
-        weight = weight * dream_weights(noisy_ids != mask_id, dream_p)
+    # p_i and w_i (the objective), then Algorithm 2's "M'^i ~ Bernoulli(t_i); I' <- (1 - M') I + M' m"
+    p_mask, weight = objective(t, u, None if beta is None else beta.to(t.dtype), answer_mask, eps)
+    noisy_ids = torch.where(u < p_mask, mask_id, input_ids)
 
     with torch.no_grad():
         masked = (noisy_ids == mask_id) & answer_mask
@@ -357,7 +396,7 @@ def objective_batch(loss_name, model, input_ids, answer_mask, generator, eps=EPS
             stats["beta_mean"], stats["beta_std"] = _masked_mean_std(beta, answer_mask)
             b = beta[answer_mask].double()  # sums, so that a step's statistics add up over micro-batches and ranks
             stats["beta_sum"], stats["beta_sq_sum"] = b.sum(), (b * b).sum()
-    return noisy_ids, weight.detach(), norm or DEFAULT_NORM[loss_name], stats
+    return noisy_ids, weight.detach(), norm or default_norm, stats
 
 
 # ----------------------------------------------------------------------------- end of the losses
@@ -1161,7 +1200,8 @@ def run(opts, rank, world, device, preemption):
         total_steps = min(total_steps, opts.max_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(opts.schedule, opts.warmup_steps, total_steps))
     # bf16: autocast on the CPU as on a GPU (one code path); norms, softmax and losses stay float32 (model.py, above)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16 else contextlib.nullcontext()
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16
+                else contextlib.nullcontext())
 
     # GIFT*: the betas of the INITIAL model, so before any checkpoint is loaded (Appendix "GIFT*")
     ref_betas = None

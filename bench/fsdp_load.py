@@ -115,8 +115,9 @@ def main(argv=None):
               f"{(f['peak_kb'] - f['before_kb']) / 1024:13.0f}")
     for rank in range(a.nproc):
         w, m = figures[("whole", rank)], figures[("meta", rank)]
+        loading = (m["peak_kb"] - m["before_kb"]) / (w["peak_kb"] - w["before_kb"])
         print(f"rank {rank}: meta / whole peak {m['peak_kb'] / w['peak_kb']:.2f}, "
-              f"of the loading itself (peak - before) {(m['peak_kb'] - m['before_kb']) / (w['peak_kb'] - w['before_kb']):.2f}")
+              f"of the loading itself (peak - before) {loading:.2f}")
     print(f"local shards identical on every rank: {'yes' if same else 'NO'}")
     if not same:
         sys.exit(1)

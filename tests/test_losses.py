@@ -413,3 +413,69 @@ def test_dream_weights_match_the_formula():
     for b, i in itertools.product(range(2), range(9)):
         ref = 0.5 * sum(0.3 * 0.7 ** (abs(i - j) - 1) for j in range(9) if j != i and unmasked[b, j])
         assert abs(w[b, i].item() - ref) < 1e-6
+
+
+# -----------------------------------------------------------------------------
+# Every objective pinned: p_i and w_i against values computed by hand, in float64, from the table of gift.py
+
+# the table, written out again: where each objective's betas come from, its p_i, its w_i (at masked answer tokens)
+HAND_TABLE = {
+    "sft": (None, "p", "1/p"),
+    "gift": ("sqrt H", "t_i", "1/t_i"),
+    "gift-elbo": ("sqrt H", "t_i", "r (1-p)^(r-1) / t_i"),
+    "gift-sw": ("sqrt H", "p", "sqrt H / p"),
+    "nll": ("-log p(x0)", "t_i", "1/t_i"),
+    "dream": (None, "p", "dream / p"),
+    "gift-star": ("sqrt H0", "t_i", "1/t_i"),
+}
+
+
+def hand_p_and_w(name, t, u, H, nll, H0, prompt_lengths, L, eps):
+    """p_i and w_i of one objective with plain Python floats and loops (no gift.py function): (B, L) float64."""
+    source, p_rule, w_rule = HAND_TABLE[name]
+    P, W = torch.zeros(len(t), L, dtype=torch.float64), torch.zeros(len(t), L, dtype=torch.float64)
+    for b in range(len(t)):
+        p = (1 - eps) * float(t[b]) + eps
+        answer = range(int(prompt_lengths[b]), L)
+        beta = {"sqrt H": [float(H[b, i]) ** 0.5 for i in range(L)],
+                "sqrt H0": [float(H0[b, i]) ** 0.5 for i in range(L)],
+                "-log p(x0)": [float(nll[b, i]) for i in range(L)], None: [0.0] * L}[source]
+        beta_ref = sum(beta[i] for i in answer) / len(answer)
+        for i in answer:
+            r = beta[i] / beta_ref if beta_ref > 0 else 1.0
+            t_i = min(max(1 - (1 - p) ** r, eps), 1.0)
+            P[b, i] = p if p_rule == "p" else t_i
+        for i in answer:
+            clean = [j for j in range(L) if not float(u[b, j]) < P[b, j]]  # the prompt is always clean
+            dream = 0.5 * sum(0.3 * 0.7 ** (abs(i - j) - 1) for j in clean if j != i)
+            r = beta[i] / beta_ref if beta_ref > 0 else 1.0
+            W[b, i] = {"1/p": 1 / p, "1/t_i": 1 / P[b, i], "r (1-p)^(r-1) / t_i": r * (1 - p) ** (r - 1) / P[b, i],
+                       "sqrt H / p": float(H[b, i]) ** 0.5 / p, "dream / p": dream / p}[w_rule]
+    return P, W
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_each_objective_gives_the_hand_computed_p_and_w(name):
+    """objective_batch end to end (its betas, its draws, its p_i and w_i) against hand_p_and_w on fresh inputs: a
+    wrong beta source, factor, exponent or normaliser in any row of the table fails here."""
+    import gift
+    assert set(HAND_TABLE) == set(LOSSES)
+    model = tiny_model(11)
+    L, eps = 12, 1e-3
+    ids, _ = tiny_batch(12, B=3, L=L)
+    prompt_lengths = torch.tensor([2, 5, 7])
+    answer_mask = torch.arange(L)[None] >= prompt_lengths[:, None]
+    H, nll = answer_entropy_and_nll(model, ids, answer_mask)
+    H0 = H.flip(1).roll(3, 1)  # some other model's entropies, for gift-star's cached betas
+    ref = torch.where(answer_mask, H0.clamp_min(0).sqrt(), 0.0) if name == "gift-star" else None
+    g = gen(77)
+    copy = torch.Generator().set_state(g.get_state())
+    t, u = torch.rand(3, generator=copy), torch.rand(3, L, generator=copy)  # objective_batch's draws, in order
+    noisy, weight, norm, _ = objective_batch(name, model, ids, answer_mask, g, eps=eps, ref_betas=ref)
+    P, W = hand_p_and_w(name, t, u, H, nll, H0, prompt_lengths, L, eps)
+    masked = noisy == model.config.mask_token_id
+    assert torch.equal(masked, u.double() < P)  # the mask is Bernoulli(p_i) with these draws, never the prompt
+    torch.testing.assert_close(weight[answer_mask].double(), W[answer_mask], rtol=1e-5, atol=1e-6)
+    assert norm == gift.DEFAULT_NORM[name] == {"sft": "answer", "gift": "masked", "gift-elbo": "answer",
+                                               "gift-sw": "answer", "nll": "masked", "dream": "answer",
+                                               "gift-star": "masked"}[name]

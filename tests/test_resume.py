@@ -163,7 +163,8 @@ def test_sigterm_to_torchrun_checkpoints_every_rank_and_resumes_exactly(base, tm
     step, write one checkpoint and exit non-zero saying how to resume; the resumed run equals an unstopped one."""
     extra = ("--lora", "--lora-dropout", "0.1", "--schedule", "constant", "--warmup-steps", "0", "--epochs", "1000",
              "--save-every", "1000")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(REPO / "gift.py")]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(REPO / "gift.py")]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     stopped = tmp_path / "stopped"
     proc = subprocess.Popen(cmd + train_args(base, stopped, *extra, batch_size=1), env=env, stdout=subprocess.PIPE,
