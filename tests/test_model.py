@@ -247,3 +247,47 @@ def test_adapter_peft_format_round_trip(tmp_path):
     load_adapter(fresh, tmp_path / "adapter")
     with torch.no_grad():
         assert torch.equal(fresh(ids), model(ids))
+
+
+def test_lora_closed_form_with_hand_set_adapters():
+    """y = W x + (B A x) * alpha / r, with A and B set by hand, against float64 arithmetic."""
+    g = torch.Generator().manual_seed(3)
+    base = torch.nn.Linear(6, 4, bias=False)
+    with torch.no_grad():
+        base.weight.copy_(torch.randn(4, 6, generator=g))
+    layer = LoRALinear(base, r=2, alpha=3.0, dropout=0.0)
+    A, B = torch.randn(2, 6, generator=g), torch.randn(4, 2, generator=g)
+    with torch.no_grad():
+        layer.lora_A.copy_(A)
+        layer.lora_B.copy_(B)
+    x = torch.randn(5, 6, generator=g)
+    W = base.weight.detach().double()
+    expected = x.double() @ W.T + (x.double() @ A.double().T @ B.double().T) * (3.0 / 2)
+    torch.testing.assert_close(layer(x).double(), expected, rtol=1e-5, atol=1e-5)
+    merged = merge_lora(add_lora(tiny_model(), r=2, alpha=3.0, dropout=0.0, targets=("v_proj",)))
+    assert not any(isinstance(m, LoRALinear) for m in merged.modules())
+
+
+def test_adapter_written_by_hand_in_peft_format_gives_the_closed_form(tmp_path):
+    """An adapter folder written by hand as PEFT writes it (keys with the adapter name "default", lora_alpha 16,
+    r 4): loading it changes exactly the targeted projection by (B A) * 16 / 4."""
+    model = tiny_model(1)
+    D = model.config.d_model
+    g = torch.Generator().manual_seed(4)
+    A, B = torch.randn(4, D, generator=g), torch.randn(D, 4, generator=g)
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 16, "lora_dropout": 0.0,
+        "target_modules": ["q_proj"], "bias": "none", "fan_in_fan_out": False}))
+    tensors = {}
+    for i in range(model.config.n_layers):
+        prefix = f"base_model.model.model.transformer.blocks.{i}.q_proj"
+        tensors[f"{prefix}.lora_A.default.weight"] = A * (i + 1)
+        tensors[f"{prefix}.lora_B.default.weight"] = B.clone()
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    W = [blk.q_proj.weight.detach().clone() for blk in model.model.transformer.blocks]
+    merged = merge_lora(load_adapter(model, folder))
+    for i, blk in enumerate(merged.model.transformer.blocks):
+        expected = W[i].double() + (B.double() @ (A * (i + 1)).double()) * 16 / 4
+        torch.testing.assert_close(blk.q_proj.weight.double(), expected, rtol=1e-6, atol=1e-5)
