@@ -1334,6 +1334,7 @@ def main(argv=None):
     if heldout is not None:  # the embedded default: evaluate on held-out puzzles with the block sampler
         evaluate_embedded(heldout, checkpoint, opts.seed, next(model.parameters()).device)
     if dist.is_initialized():
+        barrier()  # every rank done with every collective before the process group goes
         dist.destroy_process_group()
 
 
