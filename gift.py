@@ -45,6 +45,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -507,12 +508,24 @@ def parse_options(argv=None):
         parser.error("--save-merged needs --lora (a full fine-tuning checkpoint is already a complete model/)")
     if opts.schedule not in ("linear", "cosine", "constant"):
         parser.error(f"--schedule {opts.schedule!r}: choose linear, cosine or constant")
-    for name in ("epochs", "batch_size", "grad_accum", "log_every", "keep_last"):
+    for name in ("epochs", "batch_size", "grad_accum", "log_every", "keep_last", "lora_r", "max_bad_steps"):
         if getattr(opts, name) < 1:
             parser.error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be at least 1")
     for name in ("max_steps", "save_every"):
         if getattr(opts, name) < 0:
             parser.error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be 0 (off) or more")
+    if opts.lr < 0:
+        parser.error(f"--lr {opts.lr}: must be positive")
+    if opts.lr == 0:
+        print("warning: --lr 0: the weights will not change", file=sys.stderr)
+    if not 0 <= opts.eps < 1:
+        parser.error(f"--eps {opts.eps}: must be in [0, 1) (t -> (1 - eps) t + eps)")
+    block_linears = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
+    unknown = [t for t in opts.lora_targets.split(",") if t not in block_linears]
+    if opts.lora and unknown:
+        parser.error(f"--lora-targets: {unknown} not among a block's linears {', '.join(block_linears)}")
+    if opts.data and not opts.model:
+        parser.error("--data needs --model (without --model the built-in Sudoku task trains and --data is unused)")
     if opts.resume and opts.overwrite:
         parser.error("--resume continues the run in --out, --overwrite deletes it: choose one")
     if opts.model and not opts.data:

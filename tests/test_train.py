@@ -141,3 +141,37 @@ def test_two_processes_equal_one(base, tmp_path, mode):
     for ra, rb in zip(a, b):  # the statistics pool every micro-batch of every rank
         for key in ("loss", "grad_norm", "masked_fraction", "beta_mean", "beta_std"):
             assert ra[key] == pytest.approx(rb[key], rel=1e-4), key
+
+
+# every option check: the flags and what the message must name
+BAD_OPTIONS = [
+    (["--batch-size", "0"], "--batch-size 0: must be at least 1"),
+    (["--grad-accum", "0"], "--grad-accum 0: must be at least 1"),
+    (["--log-every", "0"], "--log-every 0"),
+    (["--keep-last", "0"], "--keep-last 0"),
+    (["--lora-r", "0"], "--lora-r 0"),
+    (["--epochs", "0"], "--epochs 0"),
+    (["--max-steps", "-1"], "--max-steps -1"),
+    (["--lr=-1e-5"], "--lr -1e-05: must be positive"),
+    (["--eps", "1"], "--eps 1.0: must be in [0, 1)"),
+    (["--dtype", "float16"], "--dtype 'float16'"),
+    (["--save-dtype", "int8"], "--save-dtype 'int8'"),
+    (["--lora", "--lora-targets", "q_proj,qkv"], "['qkv'] not among a block's linears"),
+    (["--resume", "--overwrite"], "choose one"),
+    (["--save-merged"], "--save-merged needs --lora"),
+]
+
+
+@pytest.mark.parametrize("flags,message", BAD_OPTIONS, ids=[" ".join(f) for f, _ in BAD_OPTIONS])
+def test_bad_options_are_refused_naming_the_flag(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        parse_options(["--model", "m", "--data", "d", *flags])
+    assert message in capsys.readouterr().err
+
+
+def test_data_without_model_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        parse_options(["--data", "d.jsonl"])
+    assert "--data needs --model" in capsys.readouterr().err
+    parse_options(["--model", "m", "--data", "d", "--lr", "0"])
+    assert "--lr 0" in capsys.readouterr().err  # a warning, not an error
