@@ -424,7 +424,8 @@ class TrainOptions:
     lora_r: int = field(default=128, metadata={"help": "LoRA rank"})
     lora_alpha: float = field(default=256.0, metadata={"help": "LoRA alpha (scale alpha / r)"})
     lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout"})
-    lora_targets: str = field(default="q_proj,k_proj,v_proj", metadata={"help": "comma-separated block linears"})
+    lora_targets: str = field(default="q_proj,k_proj,v_proj", metadata={"help": "comma-separated block linears "
+                                                                          "(ff_out also adapts the LM head, as PEFT)"})
     # optimisation
     epochs: int = field(default=20, metadata={"help": "passes over the data"})
     max_steps: int = field(default=0, metadata={"help": "stop after this many optimizer steps (0 = epochs)"})

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -397,14 +398,16 @@ def atomic_folder(path):
 class LoRALinear(nn.Module):
     """Wraps a frozen linear layer. It keeps the base weight under the same name (`q_proj.weight`), so the
     base checkpoint's keys are unchanged; lora_A (r, in) and lora_B (out, r) are float32 even when the base
-    is bf16. B starts at zero, so the wrapped layer starts exactly equal to the base."""
+    is bf16. B starts at zero, so the wrapped layer starts exactly equal to the base. The scale is alpha / r, or
+    alpha / sqrt(r) with rsLoRA (PEFT's use_rslora)."""
 
-    def __init__(self, base: nn.Linear, r, alpha, dropout, generator=None):
+    def __init__(self, base: nn.Linear, r, alpha, dropout, generator=None, use_rslora=False):
         super().__init__()
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight = base.weight
         self.weight.requires_grad_(False)
-        self.r, self.alpha, self.scaling = r, alpha, alpha / r
+        self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
+        self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r
         dev = base.weight.device
         self.lora_A = nn.Parameter(torch.empty(r, self.in_features, device=dev, dtype=torch.float32))
         self.lora_B = nn.Parameter(torch.zeros(self.out_features, r, device=dev, dtype=torch.float32))
@@ -423,30 +426,70 @@ class LoRALinear(nn.Module):
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj")  # the paper's LoRA recipe (Appendix C)
 
 
-def add_lora(model, r=128, alpha=256, dropout=0.05, targets=LORA_TARGETS, generator=None):
-    """Replace the target linears of every block by LoRALinear and freeze everything else."""
+def lora_target_names(model, targets, layers_to_transform=None, layers_pattern=None):
+    """The names of the linear layers an adapter goes on, matched as PEFT matches them: `targets` a string is a
+    regex that must match a module's whole name; a list matches a module whose name is in it or ends with
+    "." + an entry. So "ff_out" means the MLP output projection of every block AND the LM head
+    (model.transformer.ff_out), as in PEFT. layers_to_transform (an int or a list) keeps the matches whose name
+    holds "<layers_pattern>.<index>." (any "<word>.<index>." without a pattern) with that index: never the head."""
+    names = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, LoRALinear))]
+    if isinstance(targets, str):
+        return [n for n in names if re.fullmatch(targets, n)]
+    chosen = [n for n in names if n in targets or any(n.endswith("." + t) for t in targets)]
+    if layers_to_transform is None or layers_to_transform == []:
+        return chosen
+    wanted = [layers_to_transform] if isinstance(layers_to_transform, int) else list(layers_to_transform)
+    patterns = [layers_pattern] if isinstance(layers_pattern, str) else list(layers_pattern or [])
+    kept = []
+    for n in chosen:
+        found = ([re.match(rf".*\.{pat}\.(\d+)\.", n) for pat in patterns] if patterns
+                 else [re.match(r".*\.[^.]*\.(\d+)\.", n)])
+        index = next((int(f.group(1)) for f in found if f), None)
+        if index is not None and index in wanted:
+            kept.append(n)
+    return kept
+
+
+def pattern_value(patterns, name, default):
+    """PEFT's rank_pattern / alpha_pattern: the value of the key equal to `name`, else of the first key that
+    matches the end of it as a regex ("(.*\.)?key$"), else `default`."""
+    if name in patterns:
+        return patterns[name]
+    return next((v for k, v in patterns.items() if re.match(rf"(.*\.)?{k}$", name)), default)
+
+
+def add_lora(model, r=128, alpha=256, dropout=0.05, targets=LORA_TARGETS, generator=None, rank_pattern=None,
+             alpha_pattern=None, use_rslora=False, layers_to_transform=None, layers_pattern=None):
+    """Replace the target linears (lora_target_names: PEFT's matching) by LoRALinear and freeze everything else.
+    rank_pattern / alpha_pattern give some modules their own rank / alpha (pattern_value)."""
     for p in model.parameters():
         p.requires_grad_(False)
-    for block in model.model.transformer.blocks:
-        for name in targets:
-            base = getattr(block, name)
-            if not isinstance(base, nn.Linear):
-                raise ValueError(f"LoRA target {name!r} is not a linear layer of the block (got {type(base)})")
-            setattr(block, name, LoRALinear(base, r, alpha, dropout, generator))
-    model.lora_config = dict(r=r, alpha=alpha, dropout=dropout, targets=tuple(targets))
+    names = lora_target_names(model, targets, layers_to_transform, layers_pattern)
+    if not names:
+        raise ValueError(f"LoRA targets {targets!r} (layers {layers_to_transform!r}) match no linear layer of the model")
+    for name in names:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        base = getattr(parent, child)
+        if not isinstance(base, nn.Linear):
+            raise ValueError(f"LoRA target {name!r} already has an adapter or is not a linear layer")
+        setattr(parent, child, LoRALinear(base, pattern_value(rank_pattern or {}, name, r),
+                                          pattern_value(alpha_pattern or {}, name, alpha), dropout, generator,
+                                          use_rslora))
+    model.lora_config = dict(r=r, alpha=alpha, dropout=dropout, targets=targets, use_rslora=use_rslora,
+                             layers_to_transform=layers_to_transform, layers_pattern=layers_pattern)
     return model
 
 
 def lora_layers(model):
-    """(block index, target name, LoRALinear) for every adapter in the model."""
-    return [(i, name, m) for i, block in enumerate(model.model.transformer.blocks)
-            for name, m in block.named_children() if isinstance(m, LoRALinear)]
+    """(module name, LoRALinear) for every adapter in the model, in module order."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, LoRALinear)]
 
 
 @contextlib.contextmanager
 def lora_disabled(model):
     """Run the frozen base model: the GIFT* reference model costs no extra memory under LoRA."""
-    layers = [m for _, _, m in lora_layers(model)]
+    layers = [m for _, m in lora_layers(model)]
     states = [m.enabled for m in layers]
     for m in layers:
         m.enabled = False
@@ -458,17 +501,18 @@ def lora_disabled(model):
 
 
 def merged_weight(m):
-    """W + B A * alpha / r of a LoRALinear, computed in float32 and returned in W's dtype."""
+    """W + B A * scale of a LoRALinear, computed in float32 and returned in W's dtype."""
     return (m.weight.float() + (m.lora_B @ m.lora_A) * m.scaling).to(m.weight.dtype)
 
 
 @torch.no_grad()
 def merge_lora(model):
-    """Fold each adapter into its base weight (W += B A * alpha / r) and put plain nn.Linear layers back."""
-    for i, name, m in lora_layers(model):
+    """Fold each adapter into its base weight (W += B A * scale) and put plain nn.Linear layers back."""
+    for name, m in lora_layers(model):
         merged = nn.Linear(m.in_features, m.out_features, bias=False, device=m.weight.device, dtype=m.weight.dtype)
         merged.weight.copy_(merged_weight(m))
-        setattr(model.model.transformer.blocks[i], name, merged)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, merged)
     model.__dict__.pop("lora_config", None)
     return model
 
@@ -478,30 +522,42 @@ def merged_state_dict(model):
     """The state dict of the base model with every adapter folded in, leaving `model` as it is (a merged export
     in the middle of training): the base's own tensors, plus one new tensor per adapted linear."""
     state = {k: v for k, v in model.state_dict().items() if ".lora_" not in k}
-    for i, name, m in lora_layers(model):
-        state[f"model.transformer.blocks.{i}.{name}.weight"] = merged_weight(m)
+    for name, m in lora_layers(model):
+        state[f"{name}.weight"] = merged_weight(m)
     return state
 
 
-# PEFT's on-disk names, so adapters move between this code and PEFT + the official model
-_PEFT_PREFIX = "base_model.model.model.transformer.blocks"
+# PEFT's on-disk names (base_model.model.<module name>.lora_A.weight), so adapters move between this code and
+# PEFT + the official model
+_PEFT_PREFIX = "base_model.model."
+# adapter_config.json settings that change what the adapter computes and that this code does not implement: a
+# true / non-empty value is refused by name (the others, e.g. init_lora_weights, do not matter once trained)
+PEFT_UNSUPPORTED = ("use_dora", "fan_in_fan_out", "modules_to_save", "layer_replication", "lora_bias",
+                    "target_parameters", "exclude_modules", "trainable_token_indices", "megatron_config",
+                    "use_qalora", "alora_invocation_tokens")
 
 
 def save_adapter(model, path, base_model_name_or_path=""):
-    """adapter_config.json + adapter_model.safetensors in PEFT's LoRA format, written atomically."""
+    """adapter_config.json + adapter_model.safetensors in PEFT's LoRA format, written atomically: the targets as
+    given (PEFT matches them to the same modules), and the modules whose rank or alpha differ from the run's in
+    rank_pattern / alpha_pattern under their full names."""
     layers = lora_layers(model)
     if not layers:
         raise ValueError("the model has no LoRA adapters to save")
     cfg = model.lora_config
     tensors = {}
-    for i, name, m in layers:
-        tensors[f"{_PEFT_PREFIX}.{i}.{name}.lora_A.weight"] = m.lora_A.detach().contiguous().cpu()  # (r, in)
-        tensors[f"{_PEFT_PREFIX}.{i}.{name}.lora_B.weight"] = m.lora_B.detach().contiguous().cpu()  # (out, r)
+    for name, m in layers:
+        tensors[f"{_PEFT_PREFIX}{name}.lora_A.weight"] = m.lora_A.detach().contiguous().cpu()  # (r, in)
+        tensors[f"{_PEFT_PREFIX}{name}.lora_B.weight"] = m.lora_B.detach().contiguous().cpu()  # (out, r)
     adapter_config = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg["r"], "lora_alpha": cfg["alpha"],
-        "lora_dropout": cfg["dropout"], "target_modules": list(cfg["targets"]), "bias": "none",
-        "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "inference_mode": True,
-        "base_model_name_or_path": str(base_model_name_or_path),
+        "lora_dropout": cfg["dropout"], "bias": "none",
+        "target_modules": cfg["targets"] if isinstance(cfg["targets"], str) else list(cfg["targets"]),
+        "layers_to_transform": cfg.get("layers_to_transform"), "layers_pattern": cfg.get("layers_pattern"),
+        "rank_pattern": {name: m.r for name, m in layers if m.r != cfg["r"]},
+        "alpha_pattern": {name: m.alpha for name, m in layers if m.alpha != cfg["alpha"]},
+        "fan_in_fan_out": False, "use_rslora": cfg.get("use_rslora", False), "use_dora": False,
+        "inference_mode": True, "base_model_name_or_path": str(base_model_name_or_path),
     }
     with atomic_folder(path) as tmp:
         (tmp / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
@@ -509,32 +565,40 @@ def save_adapter(model, path, base_model_name_or_path=""):
 
 
 def load_adapter(model, path):
-    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding the LoRA layers if it has none."""
+    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding the LoRA layers if it has none: targets as a
+    list or a regex, layers_to_transform / layers_pattern, rank_pattern, alpha_pattern and use_rslora as PEFT reads
+    them; a setting this code does not implement (PEFT_UNSUPPORTED, a bias) is refused by name."""
     path = Path(path)
     cfg_file = path / "adapter_config.json"
     cfg = json.loads(cfg_file.read_text())
-    for key, want in (("peft_type", "LORA"), ("bias", "none"), ("fan_in_fan_out", False),
-                      ("use_rslora", False), ("use_dora", False)):
-        if cfg.get(key, want) != want:
-            raise ValueError(f"{cfg_file}: {key} = {cfg[key]!r} is not supported (need {want!r})")
-    targets = cfg["target_modules"]
-    targets = [targets] if isinstance(targets, str) else list(targets)
+    if cfg.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"{cfg_file}: peft_type = {cfg['peft_type']!r} is not supported (only LORA)")
+    if cfg.get("bias", "none") != "none":
+        raise ValueError(f"{cfg_file}: bias = {cfg['bias']!r} is not supported (need 'none')")
+    for key in PEFT_UNSUPPORTED:
+        if cfg.get(key):
+            raise ValueError(f"{cfg_file}: {key} = {cfg[key]!r} is not supported by this implementation")
     if not lora_layers(model):
-        add_lora(model, r=cfg["r"], alpha=cfg["lora_alpha"], dropout=cfg.get("lora_dropout", 0.0), targets=targets)
+        add_lora(model, r=cfg["r"], alpha=cfg["lora_alpha"], dropout=cfg.get("lora_dropout", 0.0),
+                 targets=cfg["target_modules"], rank_pattern=cfg.get("rank_pattern"),
+                 alpha_pattern=cfg.get("alpha_pattern"), use_rslora=cfg.get("use_rslora", False),
+                 layers_to_transform=cfg.get("layers_to_transform"), layers_pattern=cfg.get("layers_pattern"))
     with safe_open(str(path / "adapter_model.safetensors"), framework="pt") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     expected = {}
-    for i, name, m in lora_layers(model):
+    for name, m in lora_layers(model):
         for ab in ("A", "B"):
             # PEFT sometimes writes the adapter name into the key ("lora_A.default.weight"); accept both
-            expected[f"{_PEFT_PREFIX}.{i}.{name}.lora_{ab}.weight"] = getattr(m, f"lora_{ab}")
+            expected[f"{_PEFT_PREFIX}{name}.lora_{ab}.weight"] = getattr(m, f"lora_{ab}")
     tensors = {k.replace(".default.weight", ".weight"): v for k, v in tensors.items()}
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or unexpected:
-        raise ValueError(f"{path / 'adapter_model.safetensors'}: missing {missing} unexpected {unexpected}")
+        raise ValueError(f"{path / 'adapter_model.safetensors'}: missing {missing} unexpected {unexpected} "
+                         f"(targets {cfg['target_modules']!r} as PEFT matches them)")
     with torch.no_grad():
         for k, p in expected.items():
             if tuple(tensors[k].shape) != tuple(p.shape):
-                raise ValueError(f"{path}: {k} has shape {tuple(tensors[k].shape)}, the model wants {tuple(p.shape)}")
+                raise ValueError(f"{path}: {k} has shape {tuple(tensors[k].shape)}, the model wants {tuple(p.shape)} "
+                                 "(rank from r and rank_pattern)")
             p.copy_(tensors[k])
     return model

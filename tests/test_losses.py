@@ -272,7 +272,7 @@ def test_golden_sft_loss():
 def test_entropy_pass_chunked_equals_direct_no_graph_dropout_off():
     model = tiny_model(1)
     add_lora(model, r=4, alpha=8, dropout=0.5, generator=gen(7))
-    for _, _, m in lora_layers(model):
+    for _, m in lora_layers(model):
         nn.init.normal_(m.lora_B, std=0.2, generator=gen(8))  # non-zero adapters, so dropout would show
     model.train()
     ids, answer_mask = tiny_batch(9, B=3, L=13)
@@ -300,11 +300,11 @@ def test_reference_betas_use_the_base_model_under_lora():
     with pytest.raises(ValueError, match="ref_betas"):
         reference_betas(model, ids, answer_mask)
     add_lora(model, r=4, alpha=8, dropout=0.0, generator=gen(7))
-    for _, _, m in lora_layers(model):
+    for _, m in lora_layers(model):
         nn.init.normal_(m.lora_B, std=0.2, generator=gen(8))
     assert not torch.allclose(entropy_betas(model, ids, answer_mask), base)
     torch.testing.assert_close(reference_betas(model, ids, answer_mask), base)
-    assert all(m.enabled for _, _, m in lora_layers(model))
+    assert all(m.enabled for _, m in lora_layers(model))
 
 
 # -----------------------------------------------------------------------------

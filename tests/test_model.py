@@ -291,3 +291,104 @@ def test_adapter_written_by_hand_in_peft_format_gives_the_closed_form(tmp_path):
     for i, blk in enumerate(merged.model.transformer.blocks):
         expected = W[i].double() + (B.double() @ (A * (i + 1)).double()) * 16 / 4
         torch.testing.assert_close(blk.q_proj.weight.double(), expected, rtol=1e-6, atol=1e-5)
+
+
+# -----------------------------------------------------------------------------
+# PEFT adapters in every legal configuration: loaded exactly as PEFT would apply them, or refused by name
+
+
+def write_peft_adapter(folder, config, factors):
+    """An adapter folder as PEFT writes it: adapter_config.json (LoRA defaults + `config`) and, for each module name,
+    its lora_A / lora_B under PEFT's keys (with the adapter name "default")."""
+    folder.mkdir(parents=True)
+    full = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0,
+            "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, **config}
+    (folder / "adapter_config.json").write_text(json.dumps(full))
+    tensors = {}
+    for name, (A, B) in factors.items():
+        tensors[f"base_model.model.{name}.lora_A.default.weight"] = A.contiguous()
+        tensors[f"base_model.model.{name}.lora_B.default.weight"] = B.contiguous()
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+def factors_for(model, names, ranks, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name in names:
+        layer = model.get_submodule(name)
+        r = ranks(name)
+        out[name] = (torch.randn(r, layer.in_features, generator=g), torch.randn(layer.out_features, r, generator=g))
+    return out
+
+
+BLOCKS = "model.transformer.blocks"
+PEFT_CASES = {  # config -> (the modules PEFT adapts, the rank of each, the scale of each)
+    "alpha_pattern": ({"target_modules": ["q_proj", "v_proj"], "alpha_pattern": {"v_proj": 32}},
+                      [f"{BLOCKS}.{i}.{n}" for i in range(2) for n in ("q_proj", "v_proj")],
+                      lambda n: 4, lambda n: (32 if n.endswith("v_proj") else 8) / 4),
+    "rank_pattern": ({"target_modules": ["q_proj"], "rank_pattern": {"blocks.1.q_proj": 2}},
+                     [f"{BLOCKS}.0.q_proj", f"{BLOCKS}.1.q_proj"],
+                     lambda n: 2 if ".1." in n else 4, lambda n: 8 / (2 if ".1." in n else 4)),
+    "layers_to_transform": ({"target_modules": ["k_proj", "up_proj"], "layers_to_transform": [1],
+                             "layers_pattern": "blocks"},
+                            [f"{BLOCKS}.1.k_proj", f"{BLOCKS}.1.up_proj"], lambda n: 4, lambda n: 2.0),
+    "regex": ({"target_modules": r".*\.blocks\.0\.(q_proj|attn_out)"},
+              [f"{BLOCKS}.0.q_proj", f"{BLOCKS}.0.attn_out"], lambda n: 4, lambda n: 2.0),
+    "rslora": ({"target_modules": ["v_proj"], "use_rslora": True},
+               [f"{BLOCKS}.{i}.v_proj" for i in range(2)], lambda n: 4, lambda n: 8 / 4 ** 0.5),
+    "ff_out is also the head": ({"target_modules": ["ff_out"]},
+                                [f"{BLOCKS}.0.ff_out", f"{BLOCKS}.1.ff_out", "model.transformer.ff_out"],
+                                lambda n: 4, lambda n: 2.0),
+}
+
+
+@pytest.mark.parametrize("case", list(PEFT_CASES))
+def test_peft_adapter_configurations_load_exactly(tmp_path, case):
+    config, names, rank, scale = PEFT_CASES[case]
+    model = tiny_model(2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    factors = factors_for(model, names, rank)
+    folder = write_peft_adapter(tmp_path / "adapter", config, factors)
+    merged = merge_lora(load_adapter(model, folder)).state_dict()
+    for key, value in merged.items():
+        name = key.removesuffix(".weight")
+        if name in factors:  # W + B A * scale, by hand
+            A, B = factors[name]
+            expected = before[key].double() + (B.double() @ A.double()) * scale(name)
+            torch.testing.assert_close(value.double(), expected, rtol=1e-6, atol=1e-5)
+        else:
+            assert torch.equal(value, before[key]), key  # PEFT adapts nothing else
+    # and our own save writes it back so that it loads to the same model
+    again = load_adapter(tiny_model(2), write_peft_adapter(tmp_path / "again", config, factors))
+    save_adapter(again, tmp_path / "saved")
+    reloaded = merge_lora(load_adapter(tiny_model(2), tmp_path / "saved")).state_dict()
+    for key in merged:
+        torch.testing.assert_close(reloaded[key], merged[key], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("setting,value", [("use_dora", True), ("modules_to_save", ["wte"]), ("bias", "all"),
+                                           ("fan_in_fan_out", True), ("layer_replication", [[0, 1]]),
+                                           ("peft_type", "IA3")])
+def test_peft_settings_we_do_not_implement_are_refused_by_name(tmp_path, setting, value):
+    model = tiny_model(2)
+    folder = write_peft_adapter(tmp_path / "a", {"target_modules": ["q_proj"], setting: value},
+                                factors_for(model, [f"{BLOCKS}.0.q_proj", f"{BLOCKS}.1.q_proj"], lambda n: 4))
+    with pytest.raises(ValueError, match=setting):
+        load_adapter(model, folder)
+
+
+def test_peft_adapter_missing_a_module_names_it(tmp_path):
+    model = tiny_model(2)
+    folder = write_peft_adapter(tmp_path / "a", {"target_modules": ["ff_out"]},
+                                factors_for(model, [f"{BLOCKS}.0.ff_out", f"{BLOCKS}.1.ff_out"], lambda n: 4))
+    with pytest.raises(ValueError, match=r"missing \['base_model.model.model.transformer.ff_out.lora_A.weight'"):
+        load_adapter(model, folder)  # "ff_out" reaches the head too, as in PEFT: its factors must be there
+
+
+def test_a_regex_target_must_match_the_whole_module_name(tmp_path):
+    """PEFT: a string target_modules is re.fullmatch-ed against the full name, so "q_proj" alone matches nothing."""
+    model = tiny_model(2)
+    folder = write_peft_adapter(tmp_path / "a", {"target_modules": "q_proj"}, {})
+    with pytest.raises(ValueError, match="match no linear layer"):
+        load_adapter(model, folder)
