@@ -383,6 +383,10 @@ def atomic_folder(path):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in [tmp, *tmp.rglob("*")]:  # mkdtemp and safetensors make owner-only files; others on a cluster read them
+        os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~umask)
     old = path.with_name(path.name + ".old")
     if path.exists():
         shutil.rmtree(old, ignore_errors=True)
@@ -451,7 +455,7 @@ def lora_target_names(model, targets, layers_to_transform=None, layers_pattern=N
 
 
 def pattern_value(patterns, name, default):
-    """PEFT's rank_pattern / alpha_pattern: the value of the key equal to `name`, else of the first key that
+    r"""PEFT's rank_pattern / alpha_pattern: the value of the key equal to `name`, else of the first key that
     matches the end of it as a regex ("(.*\.)?key$"), else `default`."""
     if name in patterns:
         return patterns[name]

@@ -392,3 +392,15 @@ def test_a_regex_target_must_match_the_whole_module_name(tmp_path):
     folder = write_peft_adapter(tmp_path / "a", {"target_modules": "q_proj"}, {})
     with pytest.raises(ValueError, match="match no linear layer"):
         load_adapter(model, folder)
+
+
+def test_saved_folders_are_readable_by_others_as_the_umask_allows(tmp_path):
+    """Checkpoints on a shared cluster: not owner-only (mkdtemp's 0700, safetensors' 0600), but as the umask says."""
+    import os
+    old = os.umask(0o022)
+    try:
+        tiny_model().save_pretrained(tmp_path / "m")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "m").stat().st_mode & 0o777 == 0o755
+    assert all(f.stat().st_mode & 0o777 == 0o644 for f in (tmp_path / "m").iterdir())

@@ -1,0 +1,59 @@
+"""bench/scale.py, the real-width dry run of the LLaDA-8B path: its tokenizer carries LLaDA's special tokens at their
+real ids, and its smoke mode (tiny widths, the same four steps: gift.py LoRA GIFT, gift.py full fine-tuning with
+FSDP2 over 2 processes, eval.py, sample.py, on synthetic sharded bf16 folders) runs every step to success and prints
+the table."""
+
+import importlib.util
+import re
+import subprocess
+import sys
+
+from conftest import REPO
+
+from data import EOS, MASK, SPECIAL_TOKENS, encode, load_tokenizer, special_ids
+from model import LLaDAConfig
+
+STEPS = ("a. gift.py LoRA GIFT", "b. gift.py full FSDP2 x2", "c. eval.py gsm8k --limit 2", "d. sample.py bf16")
+
+
+def scale_module():
+    spec = importlib.util.spec_from_file_location("bench_scale", REPO / "bench" / "scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tokenizer_has_llada_special_ids(tmp_path):
+    """At LLaDA's vocabulary the special tokens load with the ids of LLaDA-8B-Instruct's tokenizer.json, each read
+    in text as one token, and text stays below them; a reduced vocabulary shifts them down by the same amount."""
+    scale = scale_module()
+    for vocab, shift in ((126464, 0), (32768, 126464 - 32768)):
+        scale.make_tokenizer(vocab).save(str(tmp_path / "tokenizer.json"))
+        tokenizer = load_tokenizer(tmp_path)
+        assert tokenizer.get_vocab_size(with_added_tokens=True) == vocab
+        want = {"<|startoftext|>": 126080, "<|endoftext|>": 126081, "<|mdm_mask|>": 126336,
+                "<|start_header_id|>": 126346, "<|end_header_id|>": 126347, "<|eot_id|>": 126348}
+        assert {t: tokenizer.token_to_id(t) for t in SPECIAL_TOKENS} == {t: i - shift for t, i in want.items()}
+        config = LLaDAConfig(d_model=8, n_heads=2, n_kv_heads=2, n_layers=1, vocab_size=vocab, embedding_size=vocab,
+                             mask_token_id=want[MASK] - shift, eos_token_id=want[EOS] - shift,
+                             pad_token_id=want[EOS] - shift)
+        ids = special_ids(tokenizer, config)  # raises unless each special token is read in text as one token
+        assert (ids.bos, ids.eot) == (126080 - shift, 126348 - shift)
+        text = "Add 12 7.\n12+7=19 ~{}"
+        assert encode(tokenizer, "<|eot_id|>" + text) == [126348 - shift] + [scale.TEXT_CHARS.index(c) for c in text]
+        assert tokenizer.decode(encode(tokenizer, text)) == text
+
+
+def test_scale_smoke():
+    """All four steps of the dry run succeed at tiny widths, and the table lists each with exit status 0."""
+    result = subprocess.run([sys.executable, str(REPO / "bench" / "scale.py"), "--smoke", "--threads", "1"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+    table = result.stdout[result.stdout.index("\nstep "):].splitlines()
+    for step in STEPS:
+        rows = [line for line in table if line.startswith(step)]
+        assert len(rows) == 1, f"no table row for {step!r} in:\n" + "\n".join(table)
+        name, wall_s, peak_gib, per_process, status = re.split(r"\s{2,}", rows[0].strip())  # columns: 2+ spaces
+        assert status == "0" and float(wall_s) > 0 and float(peak_gib) > 0, rows[0]
+        assert (per_process.count("+") == 2) == step.startswith("b."), rows[0]  # torchrun: launcher + 2 workers
+    assert "all steps succeeded" in result.stdout
