@@ -3,7 +3,7 @@
     python bench/fsdp_load.py            # a ~134M-parameter LLaDA (d_model 768, 12 layers, vocab 32k), 2 processes
     python bench/fsdp_load.py --smoke    # tiny (tests/test_bf16.py runs this)
 
-"whole": what gift.py did before issue 12: every rank reads the whole checkpoint as float32
+"whole": what gift.py did before: every rank reads the whole checkpoint as float32
 (LLaDA.from_pretrained(dtype=float32)), then gift.wrap_model shards it with fully_shard. At LLaDA-8B that is 32 GB of
 host memory per rank, 8 ranks on one node.
 "meta": what gift.py does now: every rank builds the model on the meta device (no memory), gift.wrap_model shards it

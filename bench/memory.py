@@ -1,4 +1,4 @@
-"""Peak memory of one training step at LLaDA's vocabulary: gift.py's loss against full (B, L, V) logits (issue 6).
+"""Peak memory of one training step at LLaDA's vocabulary: gift.py's loss against full (B, L, V) logits.
 
     python bench/memory.py                  # vocab 126464, seq 2048, d_model 128, 2 layers, batch 1, full FT, CPU
     python bench/memory.py --lora           # LoRA (no gradients or AdamW state for the big matrices)
@@ -189,7 +189,7 @@ def run(a):
             r.update(ratio=r["peak"] / naive["peak"], step_ratio=r["step"] / max(naive["step"], 1e-9))
         ratio = f"{r['ratio']:11.3f} {r['step_ratio']:17.3f}" if naive else ""
         print(f"{v:14} {r['peak']:8.0f} {r['step']:9.0f} {ratio}")
-    print("acceptance (issue 6): peak training-step memory of ours <= 1/4 of naive")
+    print("targets: peak training-step memory of ours <= 1/4 of naive")
     for v in ("sft-ours", "gift-ours"):
         if "ratio" in rows.get(v, {}):
             r = rows[v]

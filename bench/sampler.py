@@ -1,4 +1,4 @@
-"""Tokens per second of sample.generate against the official LLaDA sampler, same model, same tokens (issue 6).
+"""Tokens per second of sample.generate against the official LLaDA sampler, same model, same tokens.
 
     python bench/sampler.py             # head-heavy (vocab 126464, d_model 128) and body-heavy configs, CPU
     python bench/sampler.py --smoke     # tiny shapes, one repetition (tests/test_bench.py runs this)
@@ -232,7 +232,7 @@ def run(a):
           f"{100 * ref_head / ref_f:.1f}% of the reference's matrix FLOPs)")
     head = next((r for r in rows if r["name"] == "head-heavy"), None)
     if head:
-        print(f"acceptance (issue 6): head-heavy speedup {head['speedup']:.2f} >= 3: "
+        print(f"targets: head-heavy speedup {head['speedup']:.2f} >= 3: "
               f"{'yes' if head['speedup'] >= 3 else 'NO'}")
     return rows
 

@@ -1,4 +1,4 @@
-"""What one optimizer step of GIFT costs against SFT, measured and predicted from matrix FLOPs (issue 6).
+"""What one optimizer step of GIFT costs against SFT, measured and predicted from matrix FLOPs.
 
     python bench/train_step.py             # d_model 512, 8 layers, vocab 32k, seq 512, batch 2, float32, CPU
     python bench/train_step.py --smoke     # tiny shapes, one repetition (tests/test_bench.py runs this)
@@ -304,7 +304,7 @@ def report(a, cfg, variants, memory, n_answer):
               f"{r['wall_ms']:8.0f} {ratio} {pred} {r['n_masked']:7.0f} {r['gflops_per_s']:8.1f} {peak} {step}")
     print("x SFT: median over rounds of (this step / the SFT step of the same round); FLOP x: predicted by "
           "counting matrix FLOPs (bench/train_step.py docstring); simple 2N/4N, 2N/6N rule: LoRA 1.50, full 1.33")
-    print("acceptance (issue 6):")
+    print("targets:")
     for r in rows:
         if r["loss"] in ("gift", "gift-elbo") and "ratio" in r:
             ok = r["ratio"] <= r["predicted"] + 0.10

@@ -1,4 +1,4 @@
-"""GIFT vs SFT at toy scale (issue 7): the paper's regime -- full fine-tuning of a pretrained diffusion LM on a small
+"""GIFT vs SFT at toy scale: the paper's regime -- full fine-tuning of a pretrained diffusion LM on a small
 set of harder examples for many epochs -- on 4x4 Sudoku, on a 2-core CPU, with seeds and honest error bars.
 
     python experiments/sudoku_gift_vs_sft.py            # the full run (plan and timing: experiments/README.md)

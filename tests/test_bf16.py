@@ -1,4 +1,4 @@
-"""The LLaDA-8B path on the CPU (issue 12): bf16 training through the same code as on a GPU (autocast, a bf16 LoRA
+"""The LLaDA-8B path on the CPU: bf16 training through the same code as on a GPU (autocast, a bf16 LoRA
 base with float32 adapters, FSDP2's bf16 MixedPrecisionPolicy over gloo), float32 softmax from bf16 hidden states,
 exports in the base's dtype (config.json's torch_dtype telling the truth), the merged LoRA export, and FSDP2
 loading from the meta device."""

@@ -1,4 +1,4 @@
-"""What a long job needs from gift.py's loop (issue 11): a fresh data order every epoch, resume that is exact at any
+"""What a long job needs from gift.py's loop: a fresh data order every epoch, resume that is exact at any
 point (bit for bit on the CPU in float32, LoRA dropout on), safe output folders, checks of what is resumed,
 recovery from damaged checkpoints, preemption by SIGTERM, and a metrics.jsonl that stays one record per step."""
 

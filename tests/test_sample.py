@@ -1,5 +1,5 @@
-"""sample.py against a line-for-line transcription of LLaDA's official generate.py, plus the sampler's semantics
-(issue 5): the schedule, prompt kept, no mask left, batch rows independent, CFG with and without an attention mask,
+"""sample.py against a line-for-line transcription of LLaDA's official generate.py, plus the sampler's semantics:
+the schedule, prompt kept, no mask left, batch rows independent, CFG with and without an attention mask,
 left padding, and a scripted model whose logits we dictate, checked step by step."""
 
 import json
@@ -167,7 +167,7 @@ def test_transfer_index_breaks_ties_like_per_row_topk(dtype):
 
 
 # -----------------------------------------------------------------------------
-# Semantics of issue 5
+# Semantics of the sampler
 
 
 @pytest.mark.parametrize("kw", [dict(steps=16, gen_length=16, block_length=4),
