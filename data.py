@@ -271,12 +271,16 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
             stats["tokens"] += len(ids)
         pending.clear()
 
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
+    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad row, not the end of the file
+        for line_no, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             stats["rows"] += 1
             try:
+                try:
+                    line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")  # a BOM is accepted
+                except UnicodeDecodeError as e:
+                    raise BadRow(None, f"not UTF-8 (byte {e.start + 1} of the line)") from None
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:

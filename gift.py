@@ -695,8 +695,9 @@ def data_fingerprint(examples):
     its format, the tokenizer and --max-len, not with the file's path or date."""
     h = hashlib.sha256()
     for ids, prompt_len in examples:
+        ids = torch.as_tensor(ids, dtype=torch.int64)  # a list or data.load_dataset's int32 tensor, read in C
         h.update(array.array("q", (len(ids), prompt_len)).tobytes())
-        h.update(array.array("q", ids).tobytes())
+        h.update(ids.numpy().tobytes())
     return h.hexdigest()[:16]
 
 

@@ -434,3 +434,13 @@ def test_tiny_config_for():
     assert config.eos_token_id == config.pad_token_id == sid(tokenizer, data.EOS)
     ids = data.special_ids(tokenizer, config)
     assert (ids.mask, ids.pad) == (config.mask_token_id, config.pad_token_id)
+
+
+def test_invalid_utf8_is_a_bad_row_and_a_bom_is_accepted(tmp_path, tok):
+    good = json.dumps(GOOD).encode()
+    path = tmp_path / "bytes.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + good + b"\n" + b'{"prompt": "caf\xe9", "response": "x"}\n' + good + b"\n")
+    with pytest.raises(data.DataError, match=r"line 2.*not UTF-8 \(byte 16 of the line\).*--skip-bad-rows"):
+        data.load_dataset(path, tok)
+    examples, stats = data.load_dataset(path, tok, skip_bad_rows=True)  # the BOM line and the last line are read
+    assert len(examples) == 2 and stats["skipped_bad_rows"] == 1 and stats["format"] == "prompt-response"
