@@ -1,152 +1,594 @@
-"""Per-GPU memory of the paper's two recipes at LLaDA-8B's shapes, term by term, for this code; and a check of the
-same accounting against measured peaks of small models on the CPU.
+"""Per-GPU memory plan of the paper's two recipes at LLaDA-8B shapes, for THIS code, term by term.
 
-    python bench/memory_plan.py            # the two recipes' tables and verdicts for an 80 GB H100
-    python bench/memory_plan.py --check    # measured vs predicted step memory at small shapes (~1 min, CPU)
-    python bench/memory_plan.py --smoke    # the tables and one tiny check (seconds; tests/test_memory_plan.py)
+    python bench/memory_plan.py             # both recipes: a table each and a verdict against an 80 GB H100
+    python bench/memory_plan.py --check     # the same formulas against peaks measured at small shapes (CPU, ~1 min)
+    python bench/memory_plan.py --smoke     # tiny shapes, seconds (tests/test_memory_plan.py runs this)
 
-What a training step keeps alive, counted from model.py's Block.forward (D model width, F MLP width, per token):
-  - a block saves for backward: its input, the two RMSNorm outputs before the weight (float32), the two normed
-    inputs of the linears, q and k after RoPE, v, the attention output and its reshaped copy, the residual h:
-    11 D values; and the MLP's ff_proj output, SiLU output, up_proj output and their product: 4 F values. Under bf16
-    autocast the linears' outputs are bf16 (2 bytes), the two RMSNorm intermediates float32 (4 bytes); in float32
-    everything is 4 bytes. LoRA adds, per adapted linear, the float32 dropout output (D) and its mask (1 byte / D).
-  - activation checkpointing keeps only each block's input, plus one block's activations while it is recomputed.
-  - the loss: the hidden states after ln_f (D), then one chunk of gift.CE_CHUNK = 256 positions of float32 logits
-    at a time: the logits, their log-softmax and its gradient, 3 x 256 x V x 4 bytes.
-  - GIFT's entropy pass runs BEFORE the loss pass, with no autograd graph: its peak (the weights, one block's
-    transients, two (256, V) float32 tensors) is separate from the backward peak and smaller, so it adds nothing.
-  - weights, gradients and AdamW states (two per trained parameter): LoRA: a bf16 frozen base, float32 adapters,
-    their float32 gradients (and DDP's bucket copy of them), float32 AdamW states. Full fine-tuning under FSDP2 on
-    N GPUs: float32 master weights, gradients and AdamW states, each sharded N ways (16 bytes / N per parameter),
-    plus the bf16 parameters of the blocks being computed (the current one and the prefetched next) and of the
-    root (embedding and head, 1.04B parameters, unsharded while used), and the root's unsharded float32 gradients
-    before their reduce-scatter.
-  - a fixed 3 GiB for the CUDA context, cuBLAS / NCCL workspaces and allocator fragmentation (an assumption).
-The terms are summed: an upper bound, since backward frees activations as gradients appear and AdamW allocates its
-states only at the first step, when activations are gone. The CPU check compares that same sum, in float32 for one
-process (no sharding: the division by N is exact arithmetic), with the memory a step adds in a fresh process
-(bench/memory.py's measurement: peak RSS minus the RSS before the step, AdamW states included since it is the first).
+The recipes (README.md, "The paper's recipes on 8 x H100"; paper Appendix C):
+  lora  LoRA on s1K under DDP: bf16 base, frozen; adapters r 128, alpha 256, dropout 0.05 on q_proj, k_proj,
+        v_proj in float32 with float32 gradients and AdamW states; batch 1 x 4096 tokens per GPU, accumulation 2;
+        bf16 autocast; activation checkpointing off (also planned with it on).
+  full  Full fine-tuning on Tulu 3 under FSDP2 over 8 GPUs: float32 master weights, gradients and AdamW states
+        sharded 8 ways; bf16 compute (MixedPrecisionPolicy param_dtype bf16, reduce_dtype float32); batch
+        4 x 4096 tokens per GPU; activation checkpointing on.
+
+Symbols. B rows per micro-batch, L sequence length, T = B L tokens, D d_model, F mlp_hidden_size, H heads,
+V embedding rows (vocabulary), NL layers, r LoRA rank, c = gift.CE_CHUNK = 256 logits rows per chunk,
+a = bytes of an activation (2 for bf16, 4 for float32), W = GPUs that FSDP2 shards over. Parameters:
+P_b = 4 D^2 + 3 D F + 2 D per block, P = NL P_b + 2 V D + D in all (wte and the head are untied),
+P_root = 2 V D + D (wte, ln_f, the head: FSDP2's root group), P_l = NL x 3 x 2 r D (LoRA on q, k, v).
+N_a, N_m: answer and masked answer positions of a micro-batch (the 8B plans take the bound T for both).
+
+The memory of a step is what persists plus the largest of its MOMENTS: tensors of one moment are alive together,
+tensors of two moments are not (the entropy pass is over before the loss pass starts, so its peak is a separate
+moment, not added to the backward's).
+
+Persistent: the weights (LoRA: the base in bf16 + the float32 adapters; full: float32 shards, 4 P / W), the AdamW
+states (exp_avg, exp_avg_sq: 8 B per trainable parameter, sharded under FSDP2), DDP's gradient buckets (a float32
+copy of the trainable gradients, 4 P_l; gradient_as_bucket_view is off), on a GPU a fixed CUDA_FIXED_GIB (CUDA
+context, NCCL buffers, cuBLAS / flash-attention workspaces) and the caching allocator's reserved-but-unused blocks,
+FRAGMENTATION x the tensors' peak. Those two are assumptions, not measurements: no GPU was available.
+
+Moments, in the order gift.train_step runs them:
+  1. entropy pass (answer_entropy_and_nll, Algorithm 1): no autograd graph, so the larger of one block's forward,
+     8 a T D (x, n, q, k, v, attention output, h, m: Block.forward's locals) + 3 a T F (silu(g), u, their product),
+     and the head over the answer: a N_a D hidden states + 3 (c, V) float32 tensors (the previous chunk's
+     log-softmax is still bound to `logp` while the next chunk's logits and log-softmax are made) + the (c, V)
+     logits themselves in bf16. FSDP2: the unsharded bf16 parameters of the root (not resharded after forward,
+     FSDP2's rule for the root) and of two blocks (the current one and the prefetched next).
+  2. loss chunks' backward (chunked_cross_entropy): every activation the forward saved, the ln_f input, the masked
+     hidden states, and one chunk recomputed: its float32 log-softmax, that log-softmax's gradient and the logits'
+     gradient, 12 c V bytes. A trained head adds its weight gradient: autograd sums the chunks' (V, D) gradients in
+     one buffer, out of place the first time, so three (V, D) gradients exist at once: max(g V D + 12 c V, 3 g V D)
+     with g = 4 (float32 head) or 2 (FSDP2's unsharded bf16 head); one chunk only: max(12 c V, g V D + 4 c V).
+  3. block backward (the worst block k; backward runs from the top block down): the activations saved for blocks
+     0..k (with checkpointing their inputs, a T D each, plus block k's full set, recomputed), the gradient of the
+     residual stream a T D, and the MLP backward's 3 a T F (gradients of silu(g) x u and of both factors; full
+     fine-tuning frees the product p at that moment: 2 a T F net), the gradients made so far. FSDP2: the sharded
+     gradients of the blocks above, the root's unsharded head gradient, block k's and the prefetched block's
+     unsharded bf16 parameters, and the float32 reduce-scatter input of the block above (4 P_b) in flight.
+  4. end of backward (FSDP2 only): the root's reduce-scatter: its unsharded bf16 parameters and gradients
+     (2 P_root each) and the float32 reduce-scatter input (4 P_root), with every block's sharded gradient.
+  5. optimizer step: the gradients, the AdamW states (created here in a process's first step), and AdamW's
+     temporary: on a GPU the foreach implementation's sqrt(exp_avg_sq) of every local parameter (4 P_t / W), on
+     the CPU the single-tensor implementation's two temporaries of the largest parameter.
+
+What autograd saves per block (listed with torch.autograd.graph.saved_tensors_hooks, op by op; tests/
+test_memory_plan.py checks the sum against the hooks):
+  - RMSNorm (attn_norm, ff_norm): its float32 input x.float() (pow and the product keep it), 4 T D each, and,
+    when the norm weight is trained, the normalised tensor cast back, a T D each. LoRA's block 0 keeps no norm
+    input for attn_norm: its input, the frozen embedding, needs no gradient.
+  - the inputs of the linears whose weights are trained: n (q, k, v share it), m (ff_proj and up_proj), p (ff_out),
+    a T D, a T D, a T F; frozen linears keep no input (they only need their weight to pass the gradient on).
+  - attention: q and k after RoPE, v, and SDPA's output (flash kernels on CPU and GPU: no L x L matrix), 4 a T D,
+    plus the float32 log-sum-exp, 4 B H L. attn_out's input is a view of that output (not counted twice). RoPE
+    keeps only cos and sin.
+  - MLP: silu's input g and output silu(g), and u (the product's factors), 3 a T F.
+  - LoRA per adapted linear (q, k, v): the dropout mask (1 B per element on a GPU, a bool; a bytes on the CPU,
+    where dropout multiplies by a noise tensor), lora_A's input a T D (bf16: the autocast copy of the float32
+    dropout output) and lora_B's input a T r; under bf16 autocast also the bf16 copies of A and B (autocast
+    caches one per weight for the step, 4 r D bytes per adapter; block 0 keeps only B's).
+  - with activation checkpointing (non-reentrant): only each block's input, a T D.
+  Totals per block (block 0 of LoRA: less, see above): full fine-tuning 8 T D + 8 a T D + 4 a T F (bf16: 24 T D +
+  8 T F; float32: 40 T D + 16 T F); LoRA 8 T D + 3 (m + a) T D + 4 a T D + 3 a T F + 3 a T r, m the mask bytes
+  (GPU bf16: 25 T D + 6 T F + 6 T r).
+
+The check (--check) builds small models with this repo's own code (model.LLaDA, gift.wrap_model, the AdamW that
+gift.run builds, gift.MicroBatch, gift.train_step with the gift loss and its entropy pass) and runs ONE step in a
+fresh subprocess, one process (world 1, so no sharding: the division by W is exact arithmetic), and compares the
+peak memory the step adds (peak RSS minus the RSS before the step: the weights are there before, the gradients,
+AdamW states, activations, logits chunks come with the step) with this plan's moments for the same shapes. Peak
+RSS is /proc/self/status VmHWM; writing 5 to /proc/self/clear_refs resets it, so hooks (a forward pre-hook, a
+gradient hook on the hidden states, an optimizer step pre-hook) split the step into the moments above. Two details
+make RSS follow what is allocated: the subprocess runs with MALLOC_MMAP_THRESHOLD_=65536, so that glibc gives
+every tensor above 64 KiB its own mapping and returns it when freed (by default it keeps freed blocks of up to
+32 MB in its heap, and the RSS would remember them); and it first runs one step of a throwaway model of the same
+shapes, so that what a first step leaves behind whatever the model (code pages, oneDNN's kernels compiled for these
+shapes, lazy initialisations: ~10 MiB) is not counted as the step's memory.
 """
 
 import argparse
+import contextlib
+import json
+import math
+import os
+import subprocess
 import sys
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
-import memory  # noqa: E402  (bench/memory.py: the measured side)
+from gift import CE_CHUNK, MicroBatch, train_step, wrap_model  # noqa: E402
+from model import LLaDA, LLaDAConfig  # noqa: E402
 
-from gift import CE_CHUNK  # noqa: E402
+GiB, MiB = 2**30, 2**20
+H100_GIB = 81559 / 1024  # an H100 SXM 80GB: 81,559 MiB as nvidia-smi reports it (79.6 GiB)
+CUDA_FIXED_GIB = 2.0  # assumed: CUDA context (~0.6 GiB), NCCL buffers, cuBLAS / flash-attention workspaces
+FRAGMENTATION = 0.10  # assumed: the caching allocator's reserved-but-unused blocks, share of the tensors' peak
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj")  # the paper's (Appendix C); the formulas assume these
 
-GiB = 2**30
-LLADA_8B = dict(d_model=4096, n_layers=32, n_heads=32, mlp=12288, vocab=126464)
-H100_BYTES = 80 * 10**9  # "80 GB": 74.5 GiB
-CUDA_OVERHEAD = 3 * GiB
-
-
-def params(d_model, n_layers, mlp, vocab, **_):
-    block = 4 * d_model * d_model + 3 * d_model * mlp  # q, k, v, attn_out; ff_proj, up_proj, ff_out
-    norms = 2 * d_model
-    return dict(block=block + norms, root=2 * vocab * d_model + d_model,
-                total=n_layers * (block + norms) + 2 * vocab * d_model + d_model)
+# -----------------------------------------------------------------------------
+# Parameter counts, from the config
 
 
-def activation_bytes_per_token(d_model, mlp, act_bytes, norm_bytes, lora_targets=0):
-    """What one block saves for backward per token (see the docstring)."""
-    return (9 * d_model + 4 * mlp) * act_bytes + 2 * d_model * norm_bytes + lora_targets * d_model * (4 + 1)
+def param_counts(cfg):
+    """Parameters of model.LLaDA(cfg), by group: block (one block), wte, head, ln_f, total."""
+    D, hd, F = cfg.d_model, cfg.head_dim, cfg.mlp_hidden_size
+    block = (2 * D  # attn_norm, ff_norm
+             + D * cfg.n_heads * hd + 2 * D * cfg.n_kv_heads * hd  # q_proj, k_proj, v_proj
+             + D * D  # attn_out
+             + 3 * D * F)  # ff_proj, up_proj, ff_out
+    wte = head = cfg.embedding_size * D
+    total = cfg.n_layers * block + wte + head + D  # + ln_f
+    return dict(block=block, wte=wte, head=head, ln_f=D, total=total)
 
 
-def loss_bytes(tokens, d_model, vocab, act_bytes):
-    return tokens * d_model * (act_bytes + 4) + 3 * CE_CHUNK * vocab * 4  # ln_f output (+ float32 norm), one chunk
+def lora_count(cfg, r):
+    """Parameters of the LoRA adapters on q_proj, k_proj, v_proj of every block: r (in + out) each."""
+    D, hd = cfg.d_model, cfg.head_dim
+    return cfg.n_layers * r * ((D + cfg.n_heads * hd) + 2 * (D + cfg.n_kv_heads * hd))
 
 
-def lora_plan(s, tokens, r, targets=3, checkpointing=False):
-    """LoRA under DDP, one GPU holds the whole model: terms in bytes."""
-    P = params(**s)
-    adapters = s["n_layers"] * targets * r * 2 * s["d_model"]  # A (r, D) and B (D, r) per adapted linear
-    per_block = activation_bytes_per_token(s["d_model"], s["mlp"], 2, 4, targets) * tokens
-    acts = (s["n_layers"] * tokens * s["d_model"] * 2 + per_block) if checkpointing else s["n_layers"] * per_block
-    return [("base weights (bf16, frozen)", 2 * P["total"]), ("adapters (float32)", 4 * adapters),
-            ("adapter gradients + DDP bucket", 8 * adapters), ("AdamW states (2 x float32)", 8 * adapters),
-            ("activations" + (" (checkpointed)" if checkpointing else ""), acts),
-            ("loss: hidden states + one logits chunk", loss_bytes(tokens, s["d_model"], s["vocab"], 2)),
-            ("CUDA context, workspaces, fragmentation", CUDA_OVERHEAD)]
+# -----------------------------------------------------------------------------
+# One setting and its terms
 
 
-def full_plan(s, tokens, world, checkpointing=True):
-    """Full fine-tuning under FSDP2 on `world` GPUs: terms in bytes."""
-    P = params(**s)
-    per_block = activation_bytes_per_token(s["d_model"], s["mlp"], 2, 4) * tokens
-    acts = (s["n_layers"] * tokens * s["d_model"] * 2 + per_block) if checkpointing else s["n_layers"] * per_block
-    return [("master weights (float32, sharded)", 4 * P["total"] // world),
-            ("gradients (float32, sharded)", 4 * P["total"] // world),
-            ("AdamW states (2 x float32, sharded)", 8 * P["total"] // world),
-            ("bf16 blocks all-gathered (current + prefetch)", 2 * 2 * P["block"]),
-            ("bf16 root all-gathered (embedding + head)", 2 * P["root"]),
-            ("root gradients before reduce-scatter (float32)", 4 * P["root"]),
-            ("activations" + (" (checkpointed)" if checkpointing else ""), acts),
-            ("loss: hidden states + one logits chunk", loss_bytes(tokens, s["d_model"], s["vocab"], 2)),
-            ("CUDA context, workspaces, fragmentation", CUDA_OVERHEAD)]
+@dataclass
+class Setup:
+    """What one GPU (or one CPU process) runs: gift.wrap_model's model and gift.train_step's step."""
+    name: str
+    cfg: LLaDAConfig
+    batch: int  # B, rows per micro-batch
+    seq: int  # L
+    lora_r: int = 0  # 0: full fine-tuning; else LoRA on q_proj, k_proj, v_proj with this rank (dropout > 0)
+    a: int = 2  # activation bytes: 2 = bf16 (bf16 LoRA base or FSDP2's bf16 parameters, autocast), 4 = float32
+    sharding: str = "none"  # none | ddp (LoRA over world GPUs) | fsdp2 (full fine-tuning, sharded over world)
+    world: int = 1
+    checkpointing: bool = False
+    grad_accum: int = 1  # micro-batches per step: from the second on, the trainable gradients exist in backward
+    device: str = "cuda"  # cuda: foreach AdamW, bool dropout masks, CUDA overhead; cpu: as measured by --check
+    n_answer: int = 0  # N_a per micro-batch
+    n_masked: int = 0  # N_m per micro-batch
+    first_step: bool = False  # a fresh process's first step: the AdamW states are created inside it
+
+    @property
+    def lora(self):
+        return self.lora_r > 0
 
 
-def cpu_step_prediction(s, tokens):
-    """What one full fine-tuning step adds on one CPU process in float32: gradients, AdamW states, activations and the
-    loss (the weights are there before), the quantity bench/memory.py measures."""
-    P = params(**s)
-    acts = s["n_layers"] * activation_bytes_per_token(s["d_model"], s["mlp"], 4, 4) * tokens
-    return 12 * P["total"] + acts + loss_bytes(tokens, s["d_model"], s["vocab"], 4)
+def term(name, formula, nbytes):
+    return (name, formula, float(nbytes))
 
 
-def show(title, terms, budget=H100_BYTES):
-    total = sum(b for _, b in terms)
-    print(f"\n{title}")
-    for name, b in terms:
-        print(f"  {name:48} {b / GiB:7.2f} GiB")
-    verdict = "fits" if total <= budget else "does NOT fit"
-    print(f"  {'total':48} {total / GiB:7.2f} GiB -> {verdict} an 80 GB H100 ({budget / GiB:.1f} GiB), "
-          f"margin {(budget - total) / GiB:+.1f} GiB")
-    return total
+def block_saved(s, first=False):
+    """Bytes autograd keeps for one block's backward (no checkpointing), as (coefficient of T D, of T F, of T r,
+    the rest) with T D etc. element counts: see the docstring's list."""
+    a, T, D = s.a, s.batch * s.seq, s.cfg.d_model
+    small = 4 * s.batch * s.cfg.n_heads * s.seq + 4 * T * (1 if (s.lora and first) else 2)  # log-sum-exp, rsqrt
+    if not s.lora:  # norm inputs (float32) + normalised (a) x 2, n, m, q, k, v, out; g, silu(g), u, p
+        return 8 + 8 * a, 4 * a, 0, small
+    mask = 1 if s.device == "cuda" else a
+    norm_inputs = 4 if first else 8  # block 0: attn_norm's input is the frozen embedding
+    masks = 0 if first else 3 * mask  # block 0: dropout of a tensor that needs no gradient keeps no mask
+    # autocast's bf16 copies of A (r, D) and B (D, r); block 0 keeps no copy of A (its input needs no gradient)
+    casts = 3 * (2 if first else 4) * s.lora_r * D if a == 2 else 0
+    return norm_inputs + masks + 3 * a + 4 * a, 3 * a, 3 * a, small + casts
 
 
-CHECKS = [dict(d_model=256, n_heads=4, n_layers=4, mlp=768, vocab=8192, seq=1024),
-          dict(d_model=384, n_heads=6, n_layers=2, mlp=1152, vocab=16384, seq=512)]
-SMOKE_CHECK = [dict(d_model=64, n_heads=4, n_layers=2, mlp=192, vocab=2048, seq=256)]
+def block_bytes(s, coefs):
+    T, D, F, r = s.batch * s.seq, s.cfg.d_model, s.cfg.mlp_hidden_size, s.lora_r
+    cTD, cTF, cTr, small = coefs
+    return cTD * T * D + cTF * T * F + cTr * T * r + small
 
 
-def check(shapes):
-    """Predicted vs measured memory of one float32 full fine-tuning step (bench/memory.py, variant sft-ours)."""
-    print("\ncheck on the CPU: one full fine-tuning step in float32, one process")
-    rows = []
-    for s in shapes:
-        a = memory.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in s.items()])
-        measured = memory.measure(a, "sft-ours")
-        step = measured["peak"] - measured["before"]
-        predicted = cpu_step_prediction(s, s["seq"])
-        rows.append((s, predicted, step))
-        print(f"  d_model {s['d_model']}, {s['n_layers']} layers, mlp {s['mlp']}, vocab {s['vocab']}, seq {s['seq']}: "
-              f"predicted {predicted / 2**20:.0f} MiB, measured {step / 2**20:.0f} MiB, "
-              f"measured / predicted {step / predicted:.2f}")
+def coef_formula(coefs):
+    cTD, cTF, cTr, _ = coefs
+    parts = [f"{c:g} {sym}" for c, sym in ((cTD, "T D"), (cTF, "T F"), (cTr, "T r")) if c]
+    return " + ".join(parts)
+
+
+def saved_activations(s, upto):
+    """(formula, bytes) of the activations saved for blocks 0..upto-1 (no checkpointing) or their inputs
+    (checkpointing)."""
+    T, D = s.batch * s.seq, s.cfg.d_model
+    if upto <= 0:
+        return "0", 0.0
+    if s.checkpointing:
+        return f"{upto} x {s.a} T D (block inputs)", upto * s.a * T * D
+    rest, first = block_saved(s), block_saved(s, first=True)
+    if s.lora:  # block 0 keeps less
+        return (f"{upto - 1} x ({coef_formula(rest)}) + ({coef_formula(first)})",
+                (upto - 1) * block_bytes(s, rest) + block_bytes(s, first))
+    return f"{upto} x ({coef_formula(rest)})", upto * block_bytes(s, rest)
+
+
+def after_blocks(s):
+    """ln_f's saved float32 input (and its normalised tensor when ln_f is trained), rsqrt, the masked hidden
+    states the loss chunks keep as their checkpoint inputs."""
+    T, D = s.batch * s.seq, s.cfg.d_model
+    c_td = 4 + (0 if s.lora else s.a)
+    return f"{c_td} T D + {s.a} N_m D", c_td * T * D + 4 * T + s.a * s.n_masked * D
+
+
+def plan(s):
+    """The persistent terms and the moments of one step. Returns dict(persistent=[terms], moments={name: [terms]},
+    peak=name of the largest moment, tensors=bytes of tensors at the peak, total=bytes with the GPU overhead)."""
+    cfg = s.cfg
+    if cfg.n_kv_heads != cfg.n_heads:
+        raise ValueError("bench/memory_plan.py: the formulas assume n_kv_heads == n_heads (LLaDA-8B)")
+    if not s.lora and s.a == 2 and s.sharding != "fsdp2":
+        raise ValueError("bench/memory_plan.py: full fine-tuning in bf16 is planned under FSDP2 only (one process "
+                         "autocasts float32 weights: other tensors)")
+    T, D, F, V, NL = s.batch * s.seq, cfg.d_model, cfg.mlp_hidden_size, cfg.embedding_size, cfg.n_layers
+    c, a = CE_CHUNK, s.a
+    counts = param_counts(cfg)
+    P, P_b, P_root = counts["total"], counts["block"], counts["wte"] + counts["head"] + counts["ln_f"]
+    fsdp = s.sharding == "fsdp2"
+    W = s.world if fsdp else 1
+    P_t = lora_count(cfg, s.lora_r) if s.lora else P  # trainable
+    P_tl = P_t / W  # trainable, local to this GPU
+    cV = c * V
+
+    # persistent: there before the step (and after it)
+    persistent = []
+    if s.lora:
+        persistent.append(term(f"base weights ({'bf16' if a == 2 else 'float32'}, frozen)", f"{a} P", a * P))
+        persistent.append(term("LoRA adapters (float32)", "4 P_l", 4 * P_t))
+    else:
+        persistent.append(term("master weights (float32" + (", sharded)" if fsdp else ")"),
+                               "4 P / W" if fsdp else "4 P", 4 * P_tl))
+    if not s.first_step:
+        persistent.append(term("AdamW states exp_avg, exp_avg_sq (float32" + (", sharded)" if fsdp else ")"),
+                               "8 P_t / W" if fsdp else "8 P_t", 8 * P_tl))
+    if s.sharding == "ddp":
+        persistent.append(term("DDP gradient buckets (float32)", "4 P_l", 4 * P_t))
+
+    # shared pieces of the moments
+    unsharded_root = term("unsharded bf16 root params (wte, ln_f, head; not resharded)", "2 P_root", 2 * P_root)
+    unsharded_blocks = term("unsharded bf16 params of 2 blocks (current + prefetched)", "2 x 2 P_b", 4 * P_b)
+    grads_held = []
+    if s.grad_accum > 1:  # pass 2 runs the micro-batches one after the other; from the second on, gradients exist
+        grads_held = [term("gradients of the earlier micro-batches (float32" + (", sharded)" if fsdp else ")"),
+                           "4 P_t / W" if fsdp else "4 P_t", 4 * P_tl)]
+    head_trained = not s.lora
+    g = 2 if fsdp else 4  # bytes of the head's gradient before any reduction
+
+    moments = {}
+
+    # 1. the entropy pass: no graph
+    block_fwd = 8 * a * T * D + 3 * a * T * F
+    head_fwd = a * s.n_answer * D + (12 + (a if a < 4 else 0)) * cV
+    m1 = ([unsharded_root, unsharded_blocks] if fsdp else [])
+    if block_fwd >= head_fwd:
+        m1.append(term("a block's forward, no graph", f"8 {a} T D + 3 {a} T F", block_fwd))
+    else:
+        m1.append(term("answer hidden states + logits chunk (no graph)",
+                       f"{a} N_a D + {12 + (a if a < 4 else 0)} c V", head_fwd))
+    if s.lora and a == 2:
+        m1.append(term("autocast's bf16 copies of the adapters", "2 P_l", 2 * P_t))
+    moments["1 entropy pass"] = m1
+
+    # 2. the loss chunks' backward
+    n_chunks = max(1, math.ceil(s.n_masked / c))
+    saved_f, saved_b = saved_activations(s, NL)
+    after_f, after_b = after_blocks(s)
+    m2 = ([unsharded_root] if fsdp else []) + grads_held + [
+        term("activations saved by the blocks" + (" (checkpointing)" if s.checkpointing else ""), saved_f, saved_b),
+        term("ln_f input, masked hidden states", after_f, after_b)]
+    if head_trained and n_chunks > 1:
+        m2.append(term("loss chunk + the head's weight gradients", f"max({g} V D + 12 c V, 3 x {g} V D)",
+                       max(g * V * D + 12 * cV, 3 * g * V * D)))
+    elif head_trained:
+        m2.append(term("loss chunk + the head's weight gradient", f"max(12 c V, {g} V D + 4 c V)",
+                       max(12 * cV, g * V * D + 4 * cV)))
+    else:
+        m2.append(term("loss chunk: log-softmax, its grad, logits' grad (float32)", "12 c V", 12 * cV))
+    if s.lora and a == 2:
+        m2.append(term("autocast's bf16 copies of the adapters", "2 P_l", 2 * P_t))
+    moments["2 loss chunks' backward"] = m2
+
+    # 3. block backward: the worst block k (the top one, unless gradients pile up faster than activations go)
+    best = None
+    for k in range(NL - 1, -1, -1):
+        terms = ([unsharded_root] if fsdp else []) + grads_held
+        if s.checkpointing:
+            terms.append(term(f"inputs of blocks 0..{k}", f"{k + 1} x {a} T D", (k + 1) * a * T * D))
+            own = block_saved(s, first=(k == 0))
+            terms.append(term(f"block {k}'s activations, recomputed", coef_formula(own), block_bytes(s, own)))
+        else:
+            terms.append(term(f"activations saved by blocks 0..{k}", *saved_activations(s, k + 1)))
+        net = 3 if s.lora else 2
+        terms.append(term("residual-stream gradient + MLP backward", f"{a} T D + {net} x {a} T F",
+                          a * T * D + net * a * T * F))
+        if s.lora and a == 2:
+            terms.append(term("autocast's bf16 copies of the adapters", "2 P_l", 2 * P_t))
+        above = NL - 1 - k
+        if head_trained and fsdp:
+            terms += [term("head gradient (unsharded bf16, reduced at the end)", "2 V D", 2 * V * D),
+                      term(f"sharded gradients of the blocks above ({above})", f"{above} x 4 P_b / W",
+                           above * 4 * P_b / W),
+                      unsharded_blocks,
+                      term("block's ff_out gradient (unsharded bf16)", "2 D F", 2 * D * F),
+                      term("reduce-scatter input of the block above (float32)", "4 P_b",
+                           4 * P_b if above else 0)]
+        elif head_trained:
+            terms += [term("head gradient (float32)", "4 V D", 4 * V * D),
+                      term(f"gradients of the blocks above ({above}) + ff_out's", f"{above} x 4 P_b + 4 D F",
+                           above * 4 * P_b + 4 * D * F)]
+        total = sum(t[2] for t in terms)
+        if best is None or total > best[0]:
+            best = (total, k, terms)
+    moments[f"3 block backward (block {best[1]})"] = best[2]
+
+    # 4. end of backward under FSDP2: the root's reduce-scatter
+    if fsdp:
+        moments["4 end of backward (root reduce-scatter)"] = [
+            unsharded_root,
+            term("root gradients (unsharded bf16)", "2 P_root", 2 * P_root),
+            term("root reduce-scatter input (float32)", "4 P_root", 4 * P_root),
+            term("sharded gradients of every block (float32)", "NL x 4 P_b / W", NL * 4 * P_b / W)]
+
+    # 5. the optimizer step
+    m5 = [term("gradients (float32" + (", sharded)" if fsdp else ")"), "4 P_t / W" if fsdp else "4 P_t", 4 * P_tl)]
+    if s.first_step:
+        m5.append(term("AdamW states, created (float32)", "8 P_t / W" if fsdp else "8 P_t", 8 * P_tl))
+    if s.device == "cuda":
+        m5.append(term("AdamW foreach temporary sqrt(exp_avg_sq)", "4 P_t / W" if fsdp else "4 P_t", 4 * P_tl))
+    else:
+        largest = s.lora_r * D if s.lora else max(V * D, D * F)  # lora_A / lora_B of one linear; wte / head
+        m5.append(term("AdamW single-tensor temporaries (2 x the largest parameter)", "2 x 4 max(numel)",
+                       2 * 4 * largest))
+    moments["5 optimizer step"] = m5
+
+    totals = {name: sum(t[2] for t in terms) for name, terms in moments.items()}
+    peak = max(totals, key=totals.get)
+    tensors = sum(t[2] for t in persistent) + totals[peak]
+    total = tensors
+    overhead = []
+    if s.device == "cuda":
+        overhead = [term("caching allocator's unused reserve (assumed)", f"{FRAGMENTATION:g} x tensors",
+                         FRAGMENTATION * tensors),
+                    term("CUDA context, NCCL, workspaces (assumed)", f"{CUDA_FIXED_GIB:g} GiB", CUDA_FIXED_GIB * GiB)]
+        total += sum(t[2] for t in overhead)
+    return dict(persistent=persistent, moments=moments, totals=totals, peak=peak, overhead=overhead,
+                tensors=tensors, total=total)
+
+
+# -----------------------------------------------------------------------------
+# The paper's recipes at LLaDA-8B
+
+
+def llada_8b():
+    return LLaDAConfig()  # the defaults are LLaDA-8B-Instruct's config.json
+
+
+def recipes(cfg=None, seq=4096):
+    """The two recipes, per GPU (N_a = N_m = T: every position an answer and masked, the bound)."""
+    cfg = cfg or llada_8b()
+    lora = Setup("LoRA on s1K (DDP, 8 GPUs): r 128 on q/k/v, batch 1 x 4096, accumulation 2, bf16", cfg, batch=1,
+                 seq=seq, lora_r=128, a=2, sharding="ddp", world=8, grad_accum=2, n_answer=seq, n_masked=seq)
+    full = Setup("Full fine-tuning on Tulu 3 (FSDP2 over 8 GPUs): batch 4 x 4096, bf16, activation checkpointing",
+                 cfg, batch=4, seq=seq, a=2, sharding="fsdp2", world=8, checkpointing=True, n_answer=4 * seq,
+                 n_masked=4 * seq)
+    return dict(lora=lora, lora_ckpt=replace(lora, name=lora.name.replace("bf16", "bf16, --activation-checkpointing"),
+                                             checkpointing=True),
+                full=full, full_no_ckpt=replace(full, name=full.name.replace("activation checkpointing",
+                                                                             "NO activation checkpointing"),
+                                                checkpointing=False))
+
+
+def show(s, capacity_gib=H100_GIB):
+    """Print one recipe's table (term, formula, GiB) and its verdict; returns plan(s)."""
+    p = plan(s)
+    cfg, T = s.cfg, s.batch * s.seq
+    counts = param_counts(cfg)
+    P_root = counts["wte"] + counts["head"] + counts["ln_f"]
+    symbols = (f"T = {T}, D = {cfg.d_model}, F = {cfg.mlp_hidden_size}, V = {cfg.embedding_size}, "
+               f"NL = {cfg.n_layers}, c = {CE_CHUNK},\n  P = {counts['total'] / 1e9:.3f}B, "
+               f"P_b = {counts['block'] / 1e6:.1f}M, P_root = {P_root / 1e9:.3f}B")
+    if s.lora:
+        symbols += f", r = {s.lora_r}, P_l = P_t = {lora_count(cfg, s.lora_r) / 1e6:.1f}M"
+    if s.sharding == "fsdp2":
+        symbols += f", W = {s.world}"
+    print(f"\n{s.name}\n  {symbols}")
+    print(f"  {'term':61} {'formula':56} {'GiB':>6}")
+    sections = [("persistent", p["persistent"]), (f"moment {p['peak']}: the largest", p["moments"][p["peak"]]),
+                ("GPU overhead (assumed)", p["overhead"])]
+    for title, terms in sections:
+        if terms:
+            print(f"  {title}")
+        for name, formula, nbytes in terms:
+            print(f"    {name:59} {formula:56} {nbytes / GiB:6.2f}")
+    print(f"  {'total per GPU':61} {'':56} {p['total'] / GiB:6.2f}")
+    persistent = sum(t[2] for t in p["persistent"])
+    print("  the other moments, with the persistent terms (GiB):")
+    for name, v in p["totals"].items():
+        if name != p["peak"]:
+            print(f"    {name:59} {'':56} {(persistent + v) / GiB:6.2f}")
+    margin = capacity_gib - p["total"] / GiB
+    print(f"  verdict: {'fits' if margin >= 0 else 'does NOT fit'} an 80 GB H100 ({capacity_gib:.1f} GiB): "
+          f"{p['total'] / GiB:.1f} GiB per GPU, margin {margin:+.1f} GiB")
+    return p
+
+
+# -----------------------------------------------------------------------------
+# The check: one step of this repo's code in a fresh process, measured, against plan() for the same shapes
+
+CHECK_SHAPES = dict(d_model=512, n_heads=8, n_layers=4, mlp=1536, vocab=16384, seq=1024, batch=2, lora_r=16)
+SMOKE_SHAPES = dict(d_model=64, n_heads=4, n_layers=2, mlp=192, vocab=2048, seq=128, batch=1, lora_r=4)
+TOLERANCE = 0.15  # --check fails when a measured / predicted ratio of a step is further than this from 1
+CHECKS = {  # name: (LoRA, dtype, activation checkpointing); lora-bf16 has the LoRA recipe's dtypes
+    "lora-fp32": (True, "float32", False),
+    "lora-bf16": (True, "bfloat16", False),
+    "lora-bf16-ckpt": (True, "bfloat16", True),
+    "full-fp32": (False, "float32", False),
+    "full-fp32-ckpt": (False, "float32", True),
+}
+SMOKE_CHECKS = ("lora-bf16", "full-fp32-ckpt")
+PHASES = ("1 entropy pass", "2 loss chunks' backward", "3 block backward", "5 optimizer step")
+
+
+def check_config(shapes):
+    V = shapes["vocab"]  # mask and eos at the top of the vocabulary
+    return LLaDAConfig(d_model=shapes["d_model"], n_heads=shapes["n_heads"], n_kv_heads=shapes["n_heads"],
+                       n_layers=shapes["n_layers"], mlp_hidden_size=shapes["mlp"], vocab_size=V, embedding_size=V,
+                       mask_token_id=V - 1, eos_token_id=V - 2, pad_token_id=V - 2,
+                       max_sequence_length=max(shapes["seq"], 4096))
+
+
+def build_step(shapes, lora, dtype, checkpointing, seed=0):
+    """Model, AdamW, one micro-batch (half prompt, half answer) and autocast as gift.run builds them. Returns
+    (model, optimizer, step), step() = one gift.train_step with the gift loss (its entropy pass included)."""
+    cfg = check_config(shapes)
+    model = LLaDA(cfg).init_weights(torch.Generator().manual_seed(seed))
+    r = shapes["lora_r"]
+    lora_opts = dict(r=r, alpha=2 * r, dropout=0.05, targets=LORA_TARGETS) if lora else None
+    model = wrap_model(model, torch.device("cpu"), dtype, 1, lora_opts, checkpointing, seed).train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
+    B, L = shapes["batch"], shapes["seq"]
+    input_ids = torch.randint(0, cfg.vocab_size - 2, (B, L), generator=torch.Generator().manual_seed(seed + 1))
+    answer_mask = torch.arange(L)[None].expand(B, -1) >= L // 2  # (B, L)
+    batch = MicroBatch(input_ids, answer_mask, [torch.Generator().manual_seed(seed + 2 + i) for i in range(B)])
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16 else contextlib.nullcontext()
+    return model, optimizer, lambda: train_step(model, optimizer, [batch], "gift", autocast=autocast)
+
+
+def proc_status(field):
+    """A field of /proc/self/status in bytes: VmRSS (resident now), VmHWM (its peak since the last reset)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:  # "5" resets VmHWM to the current RSS (Linux >= 4.0)
+        f.write("5")
+
+
+def worker(spec):
+    """In a fresh process: a step of a throwaway model of the same kind and shapes, then the measured step of a
+    fresh model (its first: AdamW creates its states inside it). Prints JSON: the RSS before the step, the peak of
+    each phase above it, and the step's answer / masked counts."""
+    torch.set_num_threads(spec["threads"])
+    lora, dtype, checkpointing = spec["lora"], getattr(torch, spec["dtype"]), spec["checkpointing"]
+    warm_model, warm_optimizer, warm_step = build_step(spec["shapes"], lora, dtype, checkpointing)
+    warm_step()
+    del warm_model, warm_optimizer, warm_step
+    model, optimizer, step = build_step(spec["shapes"], lora, dtype, checkpointing)
+    peaks = {}
+
+    def mark(phase):
+        peaks[phase] = proc_status("VmHWM")
+        reset_peak()
+
+    def loss_forward_starts(module, args):  # the first forward with autograd on: the entropy pass is over
+        if torch.is_grad_enabled():
+            mark(PHASES[0])
+
+    def hidden_states(module, args, h):  # h's gradient arrives once every loss chunk is through backward
+        if torch.is_grad_enabled():
+            h.register_hook(lambda grad: mark(PHASES[1]))
+
+    model.register_forward_pre_hook(loss_forward_starts)
+    model.register_forward_hook(hidden_states)
+    optimizer.register_step_pre_hook(lambda *args: mark(PHASES[2]))
+    before = proc_status("VmRSS")
+    reset_peak()
+    result = step()
+    mark(PHASES[3])
+    print(json.dumps(dict(before=before, peaks={k: v - before for k, v in peaks.items()},
+                          n_answer=int(result["n_answer"]), n_masked=int(result["n_masked"]))))
+
+
+def measure(name, shapes, threads):
+    lora, dtype, checkpointing = CHECKS[name]
+    spec = dict(shapes=shapes, lora=lora, dtype=dtype, checkpointing=checkpointing, threads=threads)
+    # every tensor above 64 KiB in its own mapping, unmapped when freed: the RSS follows what is allocated
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONWARNINGS": "ignore"}
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
+                         capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench/memory_plan.py: worker {name} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def predicted(name, shapes, n_answer, n_masked):
+    """plan() for one CPU process running the check's step: its first step, world 1."""
+    lora, dtype, checkpointing = CHECKS[name]
+    s = Setup(name, check_config(shapes), batch=shapes["batch"], seq=shapes["seq"],
+              lora_r=shapes["lora_r"] if lora else 0, a=2 if dtype == "bfloat16" else 4,
+              checkpointing=checkpointing, device="cpu", n_answer=n_answer, n_masked=n_masked, first_step=True)
+    p = plan(s)
+    return {phase: next(v for k, v in p["totals"].items() if k[0] == phase[0]) for phase in PHASES}
+
+
+def check(names, shapes, threads):
+    """Measured vs predicted memory that one step adds, per phase and for the step (the largest phase)."""
+    print(f"\ncheck: one gift.train_step (loss gift, its entropy pass included) in a fresh CPU process, world 1; "
+          f"d_model {shapes['d_model']}, {shapes['n_layers']} layers, {shapes['n_heads']} heads, mlp {shapes['mlp']}, "
+          f"vocab {shapes['vocab']}, batch {shapes['batch']} x seq {shapes['seq']} (half answer), LoRA r "
+          f"{shapes['lora_r']} on q/k/v; MiB above the RSS before the step, predicted / measured")
+    print(f"  {'config':16}" + "".join(f" {p[2:]:>26}" for p in PHASES) + f" {'step':>17} {'ratio':>6}")
+    rows = {}
+    for name in names:
+        t0 = time.time()
+        m = measure(name, shapes, threads)
+        pred = predicted(name, shapes, m["n_answer"], m["n_masked"])
+        step_pred, step_meas = max(pred.values()), max(m["peaks"].values())
+        rows[name] = dict(predicted=pred, measured=m["peaks"], step_predicted=step_pred, step_measured=step_meas,
+                          ratio=step_meas / step_pred)
+        cells = "".join(f" {pred[p] / MiB:7.0f} /{m['peaks'][p] / MiB:7.0f} ({m['peaks'][p] / pred[p]:4.2f})"
+                        for p in PHASES)
+        print(f"  {name:16}{cells} {step_pred / MiB:7.0f} /{step_meas / MiB:7.0f} {step_meas / step_pred:6.2f}"
+              f"   ({time.time() - t0:.0f} s)")
     return rows
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description="Per-GPU memory of the paper's recipes at LLaDA-8B, and its CPU check.")
-    p.add_argument("--check", action="store_true", help="also measure small shapes on the CPU (~1 min)")
-    p.add_argument("--smoke", action="store_true", help="the tables and one tiny check (seconds)")
+# -----------------------------------------------------------------------------
+# Main
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="Per-GPU memory plan of the paper's recipes at LLaDA-8B for this code, "
+                                "and a check of its formulas against measured CPU steps at small shapes.")
+    p.add_argument("--check", action="store_true",
+                   help="also run the check: 5 configurations, each one step in a fresh process (~1 min)")
+    p.add_argument("--smoke", action="store_true",
+                   help="the tables, and the check of 2 configurations at tiny shapes (seconds; ratios not meaningful)")
+    p.add_argument("--configs", default=None,
+                   help="comma-separated check configurations (default all): " + ", ".join(CHECKS))
+    p.add_argument("--threads", type=int, default=2, help="torch threads in the check's processes")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: one measured step (JSON spec)
     a = p.parse_args(argv)
-    s = LLADA_8B
-    print(f"LLaDA-8B: {params(**s)['total'] / 1e9:.2f}B parameters; sequence 4096 tokens")
-    totals = {
-        "lora": show("LoRA on s1K (DDP): r 128 on q/k/v, batch 1 x 4096, bf16, no activation checkpointing",
-                     lora_plan(s, 4096, 128)),
-        "lora-ckpt": show("the same with --activation-checkpointing", lora_plan(s, 4096, 128, checkpointing=True)),
-        "full": show("full fine-tuning on Tulu 3 (FSDP2, 8 GPUs): batch 4 x 4096 per GPU, bf16, activation "
-                     "checkpointing", full_plan(s, 4 * 4096, 8)),
-        "full-no-ckpt": show("the same without activation checkpointing", full_plan(s, 4 * 4096, 8, False)),
-    }
-    if a.check or a.smoke:
-        check(SMOKE_CHECK if a.smoke else CHECKS)
-    return totals
+    if a.configs:
+        a.configs = a.configs.split(",")
+        bad = [c for c in a.configs if c not in CHECKS]
+        if bad:
+            p.error(f"--configs: {bad} not among {', '.join(CHECKS)}")
+    return a
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    if a.worker:
+        return worker(json.loads(a.worker))
+    counts = param_counts(llada_8b())
+    print(f"LLaDA-8B: {counts['total']:,} parameters ({counts['total'] / 1e9:.2f}B); per-GPU predictions for this "
+          f"code (no GPU measured), against an H100's {H100_GIB:.1f} GiB")
+    plans = {name: show(s) for name, s in recipes().items()}
+    rows = None
+    if a.smoke:
+        rows = check(a.configs or SMOKE_CHECKS, SMOKE_SHAPES, a.threads)
+    elif a.check:
+        rows = check(a.configs or list(CHECKS), CHECK_SHAPES, a.threads)
+        outside = [name for name, row in rows.items() if abs(row["ratio"] - 1) > TOLERANCE]
+        print(f"  steps within {TOLERANCE:.0%} of the plan: " + ("all" if not outside else f"NOT {outside}"))
+        if outside:
+            raise SystemExit(1)
+    return plans, rows
 
 
 if __name__ == "__main__":

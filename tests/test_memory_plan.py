@@ -1,43 +1,134 @@
-"""bench/memory_plan.py: its parameter counts are the model's, its terms add up, and its CPU check runs."""
+"""bench/memory_plan.py: its parameter counts are the model's, its activation formula is what autograd saves, its
+terms add up to the printed totals, and its smoke mode (tables + a tiny measured check) runs. The measured check at
+real shapes is `python bench/memory_plan.py --check` (figures in bench/README.md, section 4)."""
 
+import contextlib
+import os
+import subprocess
 import sys
 
+import pytest
 import torch
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 import memory_plan  # noqa: E402
 
+from gift import wrap_model  # noqa: E402
 from model import LLaDA, LLaDAConfig, add_lora  # noqa: E402
 
+GiB = memory_plan.GiB
 
-def test_parameter_counts_are_the_models():
-    s = memory_plan.LLADA_8B
-    config = LLaDAConfig(d_model=s["d_model"], n_heads=s["n_heads"], n_kv_heads=s["n_heads"], n_layers=s["n_layers"],
-                         mlp_hidden_size=s["mlp"], vocab_size=s["vocab"], embedding_size=s["vocab"],
-                         mask_token_id=126336, eos_token_id=126081, pad_token_id=126081)
+
+@pytest.fixture(scope="module")
+def smoke_output():
+    """`python bench/memory_plan.py --smoke`, started first: it is most of this file's time."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "memory_plan.py"), "--smoke", "--threads", "1"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    return out
+
+
+def small_config(n_kv_heads=4, V=96):
+    return LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=n_kv_heads, n_layers=3, mlp_hidden_size=80, vocab_size=V,
+                       embedding_size=V, mask_token_id=V - 1, eos_token_id=V - 2, pad_token_id=V - 2)
+
+
+def test_parameter_count_of_llada_8b_is_the_models():
+    config = memory_plan.llada_8b()
     with torch.device("meta"):
         model = LLaDA(config)
-    assert memory_plan.params(**s)["total"] == sum(p.numel() for p in model.parameters())  # 8.02B
-    small = dict(d_model=32, n_layers=2, n_heads=4, mlp=64, vocab=48)
-    small_config = LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=64, vocab_size=48,
-                               embedding_size=48, mask_token_id=47, eos_token_id=46, pad_token_id=46)
-    model = add_lora(LLaDA(small_config), r=8)
-    adapters = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    terms = dict(memory_plan.lora_plan(small, 16, r=8))
-    assert terms["adapters (float32)"] == 4 * adapters
+    counts = memory_plan.param_counts(config)
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    assert 8.0e9 < counts["total"] < 8.05e9  # LLaDA-8B: 8,015,581,184
+    blocks = model.model.transformer.blocks
+    assert counts["block"] == sum(p.numel() for p in blocks[0].parameters())
 
 
-def test_the_tables_add_up_and_the_smoke_check_runs(capsys):
-    totals = memory_plan.main(["--smoke"])
-    out = capsys.readouterr().out
-    assert f"{totals['full'] / memory_plan.GiB:7.2f} GiB -> fits" in out
-    assert "does NOT fit" in out  # full fine-tuning without checkpointing
-    s = memory_plan.LLADA_8B
-    assert totals["lora"] == sum(b for _, b in memory_plan.lora_plan(s, 4096, 128))
-    # the check's prediction is the formula's (the measured side of a tiny shape is mostly allocator noise: the
-    # real check is --check, whose figures are in bench/README.md)
-    shape = memory_plan.SMOKE_CHECK[0]
-    predicted = memory_plan.cpu_step_prediction(shape, shape["seq"])
-    assert f"predicted {predicted / 2**20:.0f} MiB, measured " in out
-    assert float(out.split("measured / predicted ")[1].split()[0]) > 0
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_lora_count_is_what_add_lora_creates(n_kv_heads):
+    model = add_lora(LLaDA(small_config(n_kv_heads)), r=8, alpha=16, targets=memory_plan.LORA_TARGETS)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert memory_plan.lora_count(model.config, 8) == trainable
+
+
+def saved_by_autograd(model, input_ids, autocast):
+    """Bytes of the tensors autograd keeps after model(input_ids, return_hidden=True), each storage once, the
+    parameters not counted (they exist anyway)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    storages = {}
+
+    def pack(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in params:
+            storages[s.data_ptr()] = s.nbytes()
+        return t
+
+    with autocast, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        h = model(input_ids, return_hidden=True)
+    del h
+    return sum(storages.values())
+
+
+# (LoRA, activation dtype, parameters as FSDP2 computes them): "bf16 params" is full fine-tuning with bf16
+# parameters, what every block computes with under FSDP2's MixedPrecisionPolicy (param_dtype bf16)
+CASES = [(True, "float32"), (True, "bfloat16"), (False, "float32"), (False, "bf16 params")]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("lora,dtype", CASES)
+def test_activation_formula_is_what_autograd_saves(lora, dtype, checkpointing):
+    cfg = small_config()
+    B, L = 2, 24
+    model = LLaDA(cfg).init_weights(torch.Generator().manual_seed(0))
+    bf16 = dtype != "float32"
+    if dtype == "bf16 params":
+        model.to(torch.bfloat16).set_activation_checkpointing(checkpointing)
+    else:
+        lora_opts = dict(r=4, alpha=8, dropout=0.05, targets=memory_plan.LORA_TARGETS) if lora else None
+        model = wrap_model(model, torch.device("cpu"), torch.bfloat16 if bf16 else torch.float32, 1, lora_opts,
+                           checkpointing)
+    model.train()
+    input_ids = torch.randint(0, cfg.vocab_size - 2, (B, L), generator=torch.Generator().manual_seed(1))
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    measured = saved_by_autograd(model, input_ids, autocast)
+
+    s = memory_plan.Setup("test", cfg, batch=B, seq=L, lora_r=4 if lora else 0, a=2 if bf16 else 4,
+                          sharding="fsdp2" if dtype == "bf16 params" else "none", checkpointing=checkpointing,
+                          device="cpu", n_masked=0)
+    predicted = memory_plan.saved_activations(s, cfg.n_layers)[1] + memory_plan.after_blocks(s)[1]
+    predicted += 2 * L * cfg.head_dim * 4  # RoPE's cos and sin (float32), made once per forward
+    if not lora:
+        predicted += 8 * B * L  # the embedding's token ids (int64), kept for wte's gradient
+    assert measured == predicted
+
+
+def test_terms_add_up_and_the_peak_is_the_largest_moment():
+    for s in memory_plan.recipes().values():
+        p = memory_plan.plan(s)
+        persistent = sum(t[2] for t in p["persistent"])
+        assert p["totals"][p["peak"]] == max(p["totals"].values())
+        assert p["tensors"] == persistent + p["totals"][p["peak"]]
+        assert p["total"] == pytest.approx(p["tensors"] * (1 + memory_plan.FRAGMENTATION)
+                                           + memory_plan.CUDA_FIXED_GIB * GiB)
+
+
+def test_smoke_prints_tables_that_add_up(smoke_output):
+    blocks = smoke_output.split("\n\n")
+    tables, check = blocks[1:-1], blocks[-1]
+    assert len(tables) == len(memory_plan.recipes()) == 4
+    for table in tables:
+        lines = table.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("  term "))
+        end = next(i for i, line in enumerate(lines) if line.startswith("  total per GPU"))
+        rows = [line for line in lines[start:end] if line.startswith("    ")]  # one row per term
+        assert len(rows) >= 5
+        total = float(lines[end].split()[-1])
+        assert sum(float(line.split()[-1]) for line in rows) == pytest.approx(total, abs=0.005 * len(rows))
+        verdict = next(line for line in lines if line.startswith("  verdict: "))
+        assert ("fits" in verdict) == (total <= memory_plan.H100_GIB) and "margin" in verdict
+    assert check.startswith("check: ")
+    for name in memory_plan.SMOKE_CHECKS:
+        assert f"\n  {name} " in check
