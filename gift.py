@@ -349,6 +349,18 @@ def _masked_mean_std(x, sel):
     return mean, ((v - mean) ** 2).sum().div(n).sqrt()
 
 
+def first_pass_betas(betas_from, model, input_ids, answer_mask, beta_power=BETA_POWER):
+    """The betas of the no-grad first pass: "entropy" = H_i^beta_power (Algorithm 1), "nll" = -log p(x0^i)
+    (eq. 13), "initial" = the LoRA base's entropies (GIFT*; full fine-tuning caches them instead). (B, L) float32."""
+    if betas_from == "entropy":
+        return entropy_betas(model, input_ids, answer_mask, power=beta_power)
+    if betas_from == "nll":
+        return answer_entropy_and_nll(model, input_ids, answer_mask)[1]
+    if betas_from == "initial":
+        return reference_betas(model, input_ids, answer_mask, beta_power)
+    raise ValueError(f"gift.py first_pass_betas: betas from {betas_from!r}; use entropy, nll or initial")
+
+
 def objective_batch(loss_name, model, input_ids, answer_mask, generator, eps=EPS, beta_power=BETA_POWER,
                     ref_betas=None, norm=None):
     """Everything before the gradient pass, for one micro-batch: the no-grad entropy pass when the objective needs
@@ -356,8 +368,10 @@ def objective_batch(loss_name, model, input_ids, answer_mask, generator, eps=EPS
     diffusion_loss(model, input_ids, noisy_ids, weight, answer_mask, norm, denominator=...).
 
     loss_name: one of LOSSES (OBJECTIVES, the table at the top of this file). norm: None = the objective's default
-    (DEFAULT_NORM), or "answer" / "masked" to hold it fixed across objectives. ref_betas: gift-star only, (B, L)
-    betas of the initial model cached per example (full fine-tuning); when None, gift-star uses the LoRA base model.
+    (DEFAULT_NORM), or "answer" / "masked" to hold it fixed across objectives. ref_betas: precomputed (B, L) betas
+    for an objective that uses betas, and then no first pass runs: gift-star's initial-model betas cached per
+    example (full fine-tuning; when None, gift-star uses the LoRA base model), or the betas an entropy pass of an
+    earlier epoch left (--beta-refresh-epochs, BetaCache).
     Random draws, in order: t (B,), then one uniform per position; an objective whose p_i equals SFT's therefore
     masks exactly as SFT for the same generator state.
     stats (0-dim tensors, detached; .item() them when logging): n_masked, n_answer, n_rows, frac_masked,
@@ -365,9 +379,9 @@ def objective_batch(loss_name, model, input_ids, answer_mask, generator, eps=EPS
     of its weight)."""
     if loss_name not in OBJECTIVES:
         raise ValueError(f"gift.py objective_batch: unknown loss {loss_name!r}; choose one of {LOSSES}")
-    if ref_betas is not None and loss_name != "gift-star":
-        raise ValueError(f"gift.py objective_batch: ref_betas is only used by gift-star, not {loss_name!r}")
     objective, betas_from, default_norm = OBJECTIVES[loss_name]
+    if ref_betas is not None and betas_from is None:
+        raise ValueError(f"gift.py objective_batch: {loss_name!r} uses no betas, yet ref_betas were given")
     core = getattr(model, "module", model)
     mask_id = core.config.mask_token_id
     t = draw_t(len(input_ids), generator, input_ids.device)  # (B,) Algorithm 2, "t ~ U(0, 1)"
@@ -375,13 +389,10 @@ def objective_batch(loss_name, model, input_ids, answer_mask, generator, eps=EPS
 
     # First pass (no grad, Algorithm 1): the betas
     beta = None
-    if betas_from == "entropy":
-        beta = entropy_betas(model, input_ids, answer_mask, power=beta_power)
-    elif betas_from == "nll":
-        beta = answer_entropy_and_nll(model, input_ids, answer_mask)[1]  # eq. 13: beta_i = -log p(x0^i)
-    elif betas_from == "initial":
-        beta = (ref_betas.to(input_ids.device) if ref_betas is not None
-                else reference_betas(model, input_ids, answer_mask, beta_power))
+    if ref_betas is not None:
+        beta = ref_betas.to(input_ids.device)
+    elif betas_from is not None:
+        beta = first_pass_betas(betas_from, model, input_ids, answer_mask, beta_power)
 
     # p_i and w_i (the objective), then Algorithm 2's "M'^i ~ Bernoulli(t_i); I' <- (1 - M') I + M' m"
     p_mask, weight = objective(t, u, None if beta is None else beta.to(t.dtype), answer_mask, eps)
@@ -418,6 +429,9 @@ class TrainOptions:
     loss: str = field(default="gift", metadata={"help": "|".join(LOSSES)})
     norm: str = field(default="", metadata={"help": "answer|masked; empty = the objective's default"})
     beta_power: float = field(default=0.5, metadata={"help": "beta_i = H_i^power (0.5 = paper; 1.0 = raw entropy)"})
+    beta_refresh_epochs: int = field(default=1, metadata={"help": "entropy-pass objectives: an example's betas are "
+                                                          "reused for this many epochs (1 = the paper: every visit; "
+                                                          "0 = never recomputed)"})
     eps: float = field(default=1e-3, metadata={"help": "t -> (1 - eps) t + eps, as LLaDA"})
     # LoRA (DDP) or full fine-tuning (FSDP2)
     lora: bool = field(default=False, metadata={"help": "LoRA fine-tuning (DDP); default full (FSDP2)"})
@@ -505,6 +519,12 @@ def parse_options(argv=None):
         parser.error(f"--dtype {opts.dtype!r}: choose auto, bfloat16 or float32")
     if opts.save_dtype not in ("auto", "bfloat16", "float32"):
         parser.error(f"--save-dtype {opts.save_dtype!r}: choose auto, bfloat16 or float32")
+    if opts.beta_refresh_epochs < 0:
+        parser.error(f"--beta-refresh-epochs {opts.beta_refresh_epochs}: must be 1 (every visit), more, or 0 (never)")
+    if opts.beta_refresh_epochs != 1 and OBJECTIVES[opts.loss][1] not in ("entropy", "nll"):
+        parser.error(f"--beta-refresh-epochs applies to the objectives with a per-step first pass "
+                     f"({', '.join(n for n, o in OBJECTIVES.items() if o[1] in ('entropy', 'nll'))}), "
+                     f"not --loss {opts.loss}")
     if opts.save_merged and not opts.lora:
         parser.error("--save-merged needs --lora (a full fine-tuning checkpoint is already a complete model/)")
     if opts.schedule not in ("linear", "cosine", "constant"):
@@ -740,8 +760,10 @@ class MicroBatch:
     input_ids: torch.Tensor  # (B, L) clean sequences, right-padded
     answer_mask: torch.Tensor  # (B, L) bool: answer positions (padding included), where the loss lives
     generators: object  # one torch.Generator per row (its t and its mask), or one for the whole micro-batch
-    ref_betas: torch.Tensor = None  # (B, L) GIFT*: the initial model's betas
+    ref_betas: torch.Tensor = None  # (B, L) precomputed betas: GIFT*'s initial model's, or BetaCache's
     real: bool = True  # False: a zero-weight dummy row that keeps the DDP / FSDP2 collectives in lockstep
+    indices: list = None  # the rows' example indices
+    stale: torch.Tensor = None  # (B,) bool, BetaCache: rows whose betas the first pass must recompute
     noisy_ids: torch.Tensor = None  # (B, L) input_ids with the masked positions set to the mask token
     weight: torch.Tensor = None  # (B, L) w_i
     norm: str = ""  # "answer" or "masked"
@@ -773,8 +795,55 @@ def step_micro_batches(examples, step_indices, epoch, rank, world, micro_batch, 
         answer_mask = torch.arange(L)[None] >= prompt_lengths[:, None]  # (B, L)
         batches.append(MicroBatch(
             input_ids.to(device), answer_mask.to(device), [example_generator(seed, epoch, i, device) for i in rows],
-            None if ref_betas is None else ref_betas[rows, :L].to(device), real=bool(indices)))
+            None if ref_betas is None else ref_betas[rows, :L].to(device), real=bool(indices), indices=rows))
     return batches
+
+
+class BetaCache:
+    """--beta-refresh-epochs K: GIFT's betas reused for K epochs. Each example's betas are kept with the epoch of the
+    entropy pass that made them, and recomputed (by a first pass over the stale rows of the micro-batch only) when
+    they are K or more epochs old; K = 0 never recomputes them (the betas of the example's first visit, close to
+    GIFT*'s initial-model betas). Every example is visited once per epoch, so with K = 3 an example's pass runs in
+    epochs 0, 3, 6, ... Every rank holds the whole cache (train_step's new rows are gathered), so the cache does not
+    depend on which rank sees an example, and the checkpoint saves it (loop_state.pt) for an exact resume."""
+
+    def __init__(self, n_examples, refresh_epochs):
+        self.refresh_epochs = refresh_epochs
+        self.epoch = torch.full((n_examples,), -1, dtype=torch.int64)  # -1: never computed
+        self.betas = [torch.zeros(0)] * n_examples  # (L_i,) float32, L_i = the padded length of its micro-batch
+
+    def is_stale(self, index, epoch):
+        made = int(self.epoch[index])
+        return made < 0 or (self.refresh_epochs > 0 and epoch - made >= self.refresh_epochs)
+
+    def attach(self, micro_batches, epoch):
+        """Set each micro-batch's ref_betas (fresh rows: the cached betas; stale rows: zeros until train_step's
+        first pass fills them) and stale. A row cached at another padded length is cut, or extended with its
+        last value (an EOS pad's beta)."""
+        for mb in micro_batches:
+            B, L = mb.input_ids.shape
+            mb.stale = torch.tensor([self.is_stale(i, epoch) for i in mb.indices])
+            rows = torch.zeros(B, L)
+            for r, i in enumerate(mb.indices):
+                cached = self.betas[i]
+                if not mb.stale[r]:
+                    rows[r, :min(L, len(cached))] = cached[:L]
+                    rows[r, len(cached):] = cached[-1]
+            mb.ref_betas = rows.to(mb.input_ids.device)
+
+    def update(self, micro_batches, epoch):
+        """Store the betas train_step computed for the stale real rows, from every rank."""
+        mine = [(i, mb.ref_betas[r].float().cpu()) for mb in micro_batches if mb.real
+                for r, i in enumerate(mb.indices) if mb.stale[r]]
+        for part in (gather_objects(mine) if dist.is_initialized() else [mine]):
+            for i, row in part:
+                self.epoch[i], self.betas[i] = epoch, row
+
+    def state_dict(self):
+        return dict(refresh_epochs=self.refresh_epochs, epoch=self.epoch, betas=self.betas)
+
+    def load_state_dict(self, state):
+        self.epoch, self.betas = state["epoch"], list(state["betas"])
 
 
 def gradient_sync(model, enabled):
@@ -798,6 +867,8 @@ def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, bet
 
     # pass 1, every micro-batch: t, the mask and the weights (GIFT: first the no-grad entropy pass, Algorithm 1)
     for mb in micro_batches:
+        if mb.stale is not None:  # BetaCache: the first pass over the stale rows only
+            refresh_stale_betas(model, mb, OBJECTIVES[loss_name][1], beta_power, autocast, world, device)
         with autocast:
             mb.noisy_ids, weight, default_norm, mb.stats = objective_batch(
                 loss_name, model, mb.input_ids, mb.answer_mask, mb.generators, eps=eps, beta_power=beta_power,
@@ -833,6 +904,21 @@ def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, bet
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return dict(loss=loss, grad_norm=grad_norm, stepped=stepped, **counts)
+
+
+def refresh_stale_betas(model, mb, betas_from, beta_power, autocast, world, device):
+    """BetaCache: write the first pass's betas of mb's stale rows into mb.ref_betas. With several ranks, every rank
+    runs a pass when any rank has a stale row (FSDP2's forward is collective): a rank with none runs its first row
+    and discards the result."""
+    stale = mb.stale.to(device)
+    n_stale = int(stale.sum())
+    if (all_reduce_max(n_stale, device) if world > 1 else n_stale) == 0:
+        return
+    rows = stale if n_stale else torch.arange(len(stale), device=device) == 0
+    with autocast:
+        fresh = first_pass_betas(betas_from, model, mb.input_ids[rows], mb.answer_mask[rows], beta_power)
+    if n_stale:
+        mb.ref_betas[stale] = fresh.to(mb.ref_betas.dtype)
 
 
 # -----------------------------------------------------------------------------
@@ -1227,6 +1313,8 @@ def run(opts, rank, world, device, preemption):
             ref_betas = gift_star_betas(model, examples, out / "ref_betas.pt", key, ids_special.pad, length,
                                         opts.batch_size, device, opts.beta_power)
 
+    beta_cache = BetaCache(len(examples), opts.beta_refresh_epochs) if opts.beta_refresh_epochs != 1 else None
+
     # resume: the first candidate that loads (a corrupt one is skipped, saying why); else start at step 0
     state, window = TrainState(), []  # window: the train_step results not yet logged
     torch.manual_seed(opts.seed * 1000 + rank)  # LoRA dropout draws from each rank's global generator
@@ -1243,6 +1331,8 @@ def run(opts, rank, world, device, preemption):
                                    "--overwrite") from e
             continue
         state, window = TrainState(**meta["state"]), loop_state["log_window"]
+        if beta_cache:
+            beta_cache.load_state_dict(loop_state["beta_cache"])
         torch.set_rng_state(loop_state["rng"][rank]["cpu"])
         if loop_state["rng"][rank]["cuda"] is not None:
             torch.cuda.set_rng_state(loop_state["rng"][rank]["cuda"], device)
@@ -1265,9 +1355,13 @@ def run(opts, rank, world, device, preemption):
         micro_batches = step_micro_batches(examples, batches[state.step_in_epoch], state.epoch, rank, world,
                                            opts.batch_size, opts.grad_accum, ids_special.pad, device, opts.seed,
                                            opts.max_len if opts.pad_to_max_len else 0, ref_betas)
+        if beta_cache:
+            beta_cache.attach(micro_batches, state.epoch)
         result = train_step(model, optimizer, micro_batches, opts.loss, opts.norm, opts.eps, opts.beta_power,
                             opts.grad_clip, autocast)
         scheduler.step()
+        if beta_cache:
+            beta_cache.update(micro_batches, state.epoch)
 
         # where we are now
         epoch = state.epoch
@@ -1309,7 +1403,8 @@ def run(opts, rank, world, device, preemption):
                                   "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
             trainer = dict(state=dataclasses.asdict(state), options=dataclasses.asdict(opts), world_size=world,
                            fingerprints=fingerprints)
-            loop_state = dict(rng=rng, scheduler=scheduler.state_dict(), log_window=window)
+            loop_state = dict(rng=rng, scheduler=scheduler.state_dict(), log_window=window,
+                              beta_cache=beta_cache.state_dict() if beta_cache else None)
             save_checkpoint(model, optimizer, out / "checkpoints" / name, trainer, loop_state, opts.lora, export)
             if rank == 0:  # rotation: only this run's older checkpoints
                 for old in ours[:-opts.keep_last]:

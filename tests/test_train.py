@@ -125,10 +125,13 @@ def torchrun(nproc, argv, cwd):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
-@pytest.mark.parametrize("mode", ["lora", "full"])
+@pytest.mark.parametrize("mode", ["lora", "full", "full-refresh"])
 def test_two_processes_equal_one(base, tmp_path, mode):
-    # LoRA runs under DDP, full fine-tuning under FSDP2; GIFT's "masked" norm needs the all-reduced count
-    extra = ["--loss", "gift", "--max-steps", "3"] + (["--lora"] if mode == "lora" else [])
+    # LoRA runs under DDP, full fine-tuning under FSDP2; GIFT's "masked" norm needs the all-reduced count.
+    # full-refresh: betas reused for 2 epochs (BetaCache: gathered over ranks), 7 steps = epochs 0, 1 and 2
+    steps = 7 if mode == "full-refresh" else 3
+    extra = ["--loss", "gift", "--max-steps", str(steps)] + (["--lora"] if mode == "lora" else [])
+    extra += ["--beta-refresh-epochs", "2", "--epochs", "3"] if mode == "full-refresh" else []
     one, two = tmp_path / "one", tmp_path / "two"
     torchrun(1, args(base, one, *extra, batch_size=2), tmp_path)  # global batch 1 x 2 x accum 2
     torchrun(2, args(base, two, *extra, batch_size=1), tmp_path)  # global batch 2 x 1 x accum 2
@@ -137,7 +140,7 @@ def test_two_processes_equal_one(base, tmp_path, mode):
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-4, atol=1e-5)
     a, b = metrics(one), metrics(two)
-    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, steps + 1))
     for ra, rb in zip(a, b):  # the statistics pool every micro-batch of every rank
         for key in ("loss", "grad_norm", "masked_fraction", "beta_mean", "beta_std"):
             assert ra[key] == pytest.approx(rb[key], rel=1e-4), key
@@ -159,6 +162,9 @@ BAD_OPTIONS = [
     (["--lora", "--lora-targets", "q_proj,qkv"], "['qkv'] not among a block's linears"),
     (["--resume", "--overwrite"], "choose one"),
     (["--save-merged"], "--save-merged needs --lora"),
+    (["--beta-refresh-epochs", "-1"], "--beta-refresh-epochs -1: must be 1"),
+    (["--loss", "sft", "--beta-refresh-epochs", "3"], "not --loss sft"),
+    (["--loss", "gift-star", "--beta-refresh-epochs", "0"], "not --loss gift-star"),
 ]
 
 
