@@ -49,6 +49,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -56,7 +57,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the repo's top-level files are plain modules
 import gift  # noqa: E402
 from data import (SUDOKU_ANSWER, SUDOKU_TASK_PROMPT, SUDOKU_UNITS, collate, encode, load_tokenizer,  # noqa: E402
                   make_char_tokenizer, sudoku_examples, sudoku_split, tiny_config_for)
@@ -66,13 +68,17 @@ from model import LLaDA  # noqa: E402
 # -----------------------------------------------------------------------------
 # Constants and the plan
 
-# run name -> (gift.py --loss, --norm); "" = the objective's default normalisation (gift.DEFAULT_NORM)
+# run name -> (gift.py --loss, --norm, --beta-refresh-epochs); norm "" = the objective's default normalisation
+# (gift.DEFAULT_NORM); refresh 1 = the paper's entropy pass at every visit, 4 = betas reused for 4 epochs, 0 = never
+# recomputed (each example's betas from its first visit)
 OBJECTIVES = {
-    "sft": ("sft", ""),
-    "gift": ("gift", ""),
-    "gift-elbo": ("gift-elbo", ""),
-    "gift-star": ("gift-star", ""),
-    "gift-norm-answer": ("gift", "answer"),
+    "sft": ("sft", "", 1),
+    "gift": ("gift", "", 1),
+    "gift-elbo": ("gift-elbo", "", 1),
+    "gift-star": ("gift-star", "", 1),
+    "gift-norm-answer": ("gift", "answer", 1),
+    "gift-k4": ("gift", "", 4),
+    "gift-kinf": ("gift", "", 0),
 }
 ANSWER_PREFIX = "<answer>"  # the answer is SUDOKU_ANSWER = "<answer>{16 digits}</answer>", then <|eot_id|>
 PEERS = [sorted({j for unit in SUDOKU_UNITS if c in unit for j in unit} - {c}) for c in range(16)]  # 7 per cell
@@ -100,14 +106,18 @@ class Plan:
     base_batch: int = field(default=32, metadata={"help": "pre-training batch size"})
     base_lr: float = field(default=2e-3, metadata={"help": "pre-training peak learning rate (cosine)"})
     base_warmup: int = field(default=100, metadata={"help": "pre-training warm-up steps"})
-    base_seed: int = field(default=1234, metadata={"help": "seed of the base model's init, data order and noise"})
+    base_seed: int = field(default=1234, metadata={"help": "base b's init, data order and noise seed is base_seed + b"})
+    bases: str = field(default="0,1,2", metadata={"help": "independently pre-trained base models (comma-separated ids)"})
     # fine-tuning (gift.train, full fine-tuning)
     ft_epochs: int = field(default=20, metadata={"help": "fine-tuning epochs (equal-steps budget)"})
     ft_batch: int = field(default=32, metadata={"help": "fine-tuning batch size"})
     ft_lr: float = field(default=5e-4, metadata={"help": "fine-tuning peak learning rate (cosine)"})
     ft_warmup: int = field(default=20, metadata={"help": "fine-tuning warm-up steps"})
     ft_weight_decay: float = field(default=0.0, metadata={"help": "fine-tuning AdamW weight decay"})
-    seeds: int = field(default=5, metadata={"help": "seeds per objective (0 .. seeds-1); 0 = the base only"})
+    seeds: str = field(default="0,1,2", metadata={"help": "fine-tuning seeds per base and objective (comma-separated)"})
+    base_only: bool = field(default=False, metadata={"help": "pre-train and evaluate the bases only (to size them)"})
+    reuse_other_commit: bool = field(default=False, metadata={"help": "reuse finished runs made by another git "
+                                                                      "commit (marked in results.md)"})
     objectives: str = field(default=",".join(OBJECTIVES), metadata={"help": "comma-separated, of " +
                                                                          "|".join(OBJECTIVES)})
     skip_equal_time: bool = field(default=False, metadata={"help": "skip the equal-wall-time SFT runs"})
@@ -126,9 +136,9 @@ class Plan:
 
 # --smoke: every size tiny; flags given on the command line still win
 SMOKE = dict(out="runs/sudoku-gift-vs-sft-smoke", d_model=32, n_layers=1, n_heads=2, mlp=64, heldout_grids=16,
-             n_heldout=16, n_base=64, n_ft=32, base_steps=4, base_batch=16, base_warmup=1, ft_epochs=2, ft_batch=16,
-             ft_warmup=1, seeds=1, objectives="sft,gift", checkpoints=2, eval_batch=16, n_entropy=16, log_every=1,
-             workers=1)
+             n_heldout=16, n_base=64, n_ft=32, base_steps=4, base_batch=16, base_warmup=1, ft_epochs=3, ft_batch=16,
+             ft_warmup=1, bases="0,1", seeds="0", objectives="sft,gift,gift-k4", checkpoints=3, eval_batch=16,
+             n_entropy=16, log_every=1, workers=1)
 
 
 def parse_plan(argv=None):
@@ -144,6 +154,11 @@ def parse_plan(argv=None):
     unknown = [o for o in objective_names(plan) if o not in OBJECTIVES]
     if unknown:
         parser.error(f"--objectives: unknown {unknown}; choose from {', '.join(OBJECTIVES)}")
+    for name in ("bases", "seeds"):
+        try:
+            assert id_list(getattr(plan, name))
+        except (ValueError, AssertionError):
+            parser.error(f"--{name} {getattr(plan, name)!r}: expected comma-separated integers, e.g. 0,1,2")
     for name in ("base_blanks", "ft_blanks"):
         try:
             low, high = blanks(getattr(plan, name))
@@ -156,6 +171,10 @@ def parse_plan(argv=None):
 
 def objective_names(plan):
     return [o.strip() for o in plan.objectives.split(",") if o.strip()]
+
+
+def id_list(text):
+    return sorted({int(x) for x in text.split(",") if x.strip()})
 
 
 def blanks(text):
@@ -358,8 +377,8 @@ def entropy_by_position(model, tokenizer, pairs, batch_size=64):
 # Training through gift.train
 
 
-def train_argv(model_dir, data_file, out, loss, norm, steps, batch, lr, warmup, weight_decay, seed, log_every,
-               save_every, keep_last):
+def train_argv(model_dir, data_file, out, loss, norm, refresh, steps, batch, lr, warmup, weight_decay, seed,
+               log_every, save_every, keep_last):
     """gift.py flags for one run (full fine-tuning, one process, float32 on the CPU, cosine schedule)."""
     argv = ["--model", str(model_dir), "--data", str(data_file), "--data-format", "prompt-response",
             "--out", str(out), "--loss", loss, "--epochs", "1000000", "--max-steps", str(steps),
@@ -367,7 +386,7 @@ def train_argv(model_dir, data_file, out, loss, norm, steps, batch, lr, warmup, 
             "--warmup-steps", str(warmup), "--weight-decay", str(weight_decay), "--grad-clip", "1.0",
             "--seed", str(seed), "--log-every", str(log_every), "--save-every", str(save_every),
             "--keep-last", str(keep_last), "--dtype", "float32"]
-    return argv + (["--norm", norm] if norm else [])
+    return argv + (["--norm", norm] if norm else []) + (["--beta-refresh-epochs", str(refresh)] if refresh != 1 else [])
 
 
 def step_time(metrics):
@@ -389,60 +408,111 @@ def run_gift_train(argv, out):
         return gift.train(opts)
 
 
-def build_base(plan, folder, data_dir):
-    """The pre-trained base: a random tiny LLaDA (saved as a Hugging Face folder with the char tokenizer), trained
-    with the SFT loss on the broad set by gift.train. Reused when <folder>/base.json has the same settings."""
+def git_commit():
+    """The repo's commit, "+dirty" when tracked files differ from it; "unknown" outside a git checkout."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        return git("rev-parse", "--short=12", "HEAD") + ("+dirty" if git("status", "--porcelain", "-uno") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def without_paths(spec):
+    """A spec without its file locations: a moved or copied output folder is still reused."""
+    return {k: v for k, v in spec.items() if k not in ("out", "base_dir", "data_jsonl", "data_json")}
+
+
+def reusable(path, spec, commit, reuse_other_commit):
+    """The finished result (or base.json) at `path` if it was made with `spec`, else None. One made with the same
+    spec by another commit is refused (training numerics may have moved), unless reuse_other_commit."""
+    if not path.exists():
+        return None
+    done = json.loads(path.read_text())
+    if without_paths(done["spec"]) != without_paths(spec):
+        return None
+    if done.get("commit") != commit and not reuse_other_commit:
+        raise SystemExit(f"{path} was made by commit {done.get('commit')}, this is {commit}: the numbers may differ. "
+                         "Use a new --out to regenerate, or --reuse-other-commit to reuse it anyway")
+    return done
+
+
+def build_base(plan, b, folder, data_dir, commit):
+    """Base b: a random tiny LLaDA (seed base_seed + b; saved as a Hugging Face folder with the char tokenizer),
+    trained with the SFT loss on the broad set by gift.train. Reused when <folder>/base.json has the same
+    settings."""
     spec = {k: getattr(plan, k) for k in ("d_model", "n_layers", "n_heads", "mlp", "data_seed", "heldout_grids",
                                           "n_base", "base_blanks", "n_ft", "ft_blanks", "base_steps", "base_batch",
-                                          "base_lr", "base_warmup", "base_seed")}
-    meta_path = folder / "base.json"
-    if meta_path.exists() and json.loads(meta_path.read_text())["spec"] == spec:
-        return folder / "model", json.loads(meta_path.read_text()), True
+                                          "base_lr", "base_warmup")}
+    spec["seed"] = plan.base_seed + b
+    meta = reusable(folder / "base.json", spec, commit, plan.reuse_other_commit)
+    if meta:
+        return folder / "model", meta, True
     shutil.rmtree(folder, ignore_errors=True)
     tokenizer = make_char_tokenizer()
     config = tiny_config_for(tokenizer, d_model=plan.d_model, n_heads=plan.n_heads, n_kv_heads=plan.n_heads,
                              n_layers=plan.n_layers, mlp_hidden_size=plan.mlp, max_sequence_length=256)
-    init = LLaDA(config).init_weights(torch.Generator().manual_seed(plan.base_seed))
+    init = LLaDA(config).init_weights(torch.Generator().manual_seed(spec["seed"]))
     init.save_pretrained(folder / "init")
     tokenizer.save(str(folder / "init" / "tokenizer.json"))
-    argv = train_argv(folder / "init", data_dir / "base.jsonl", folder / "train", "sft", "", plan.base_steps,
-                      plan.base_batch, plan.base_lr, plan.base_warmup, 0.0, plan.base_seed, 50, plan.base_steps, 1)
+    argv = train_argv(folder / "init", data_dir / "base.jsonl", folder / "train", "sft", "", 1, plan.base_steps,
+                      plan.base_batch, plan.base_lr, plan.base_warmup, 0.0, spec["seed"], 50, plan.base_steps, 1)
     t0 = time.time()
     _, _, _, final = run_gift_train(argv, folder / "train")
     train_s = time.time() - t0
     shutil.copytree(final / "model", folder / "model")
     metrics = read_metrics(folder / "train")
     shutil.rmtree(folder / "train" / "checkpoints")  # the optimizer state is not needed again
-    meta = dict(spec=spec, train_s=train_s, step_time_s=step_time(metrics), final_loss=metrics[-1]["loss"],
-                n_params=sum(p.numel() for p in init.parameters()))
-    meta_path.write_text(json.dumps(meta, indent=1))
+    meta = dict(spec=spec, commit=commit, train_s=train_s, step_time_s=step_time(metrics),
+                final_loss=metrics[-1]["loss"], n_params=sum(p.numel() for p in init.parameters()))
+    (folder / "base.json").write_text(json.dumps(meta, indent=1))
     return folder / "model", meta, False
 
 
-def run_one(spec):
+def prepare_base(plan_fields, b, commit):
+    """Base b pre-trained (or reused), then evaluated on the held-out puzzles and analysed (entropy by position).
+    Returns (b, its model folder, its base.json)."""
+    plan = Plan(**plan_fields)
+    torch.set_num_threads(plan.threads)
+    out = Path(plan.out)
+    folder = out / f"base{b}"
+    base_dir, meta, reused = build_base(plan, b, folder, out / "data", commit)
+    data_key = {k: getattr(plan, k) for k in ("data_seed", "heldout_grids", "n_heldout", "n_ft", "ft_blanks",
+                                              "eval_batch", "n_entropy")}  # what the held-out and analysis use
+    if meta.get("data_key") != data_key:
+        data = json.loads((out / "data" / "data.json").read_text())
+        model, tokenizer = LLaDA.from_pretrained(base_dir), load_tokenizer(base_dir)
+        meta["eval"] = evaluate_heldout(model, tokenizer, data["heldout"], plan.eval_batch)
+        meta["entropy"] = entropy_by_position(model, tokenizer, data["finetune"][:plan.n_entropy])
+        meta["data_key"] = data_key
+        (folder / "base.json").write_text(json.dumps(meta, indent=1))
+    meta["reused"] = reused
+    return b, str(base_dir), meta
+
+
+def run_one(spec, commit, reuse_other_commit):
     """One fine-tuning run: gift.train from the base, then the held-out evaluation, the betas logged during
     training and, for gift, the entropy analysis at the kept checkpoints. Returns (and writes) result.json;
     a finished run with the same spec is read back instead."""
     torch.set_num_threads(spec["threads"])
     out = Path(spec["out"])
     result_path = out / "result.json"
-    if result_path.exists():
-        result = json.loads(result_path.read_text())
-        if result["spec"] == spec:
-            return result
+    result = reusable(result_path, spec, commit, reuse_other_commit)
+    if result:
+        return result
     shutil.rmtree(out, ignore_errors=True)
     data = json.loads(Path(spec["data_json"]).read_text())
     steps = spec["steps"]
     keep = spec["checkpoints"] if spec["name"] == "gift" and spec["budget"] == "steps" else 1
     save_every = max(1, steps // keep) if keep > 1 else steps
-    argv = train_argv(spec["base"], spec["data_jsonl"], out, *OBJECTIVES[spec["name"]], steps, spec["batch"],
+    argv = train_argv(spec["base_dir"], spec["data_jsonl"], out, *OBJECTIVES[spec["name"]], steps, spec["batch"],
                       spec["lr"], spec["warmup"], spec["weight_decay"], spec["seed"], spec["log_every"],
                       save_every, keep + 1)
     t0 = time.time()
     model, tokenizer, _, _ = run_gift_train(argv, out)
     train_s = time.time() - t0
     metrics = read_metrics(out)
-    result = dict(spec=spec, steps=metrics[-1]["step"], step_time_s=step_time(metrics),
+    result = dict(spec=spec, commit=commit, steps=metrics[-1]["step"], step_time_s=step_time(metrics),
                   loop_s=metrics[-1]["elapsed_s"], train_s=train_s, final_loss=metrics[-1]["loss"],
                   betas=[(r["step"], r["beta_mean"], r["beta_std"]) for r in metrics if "beta_mean" in r])
     result.update(evaluate_heldout(model, tokenizer, data["heldout"], spec["eval_batch"]))
@@ -464,23 +534,24 @@ def _init_worker(threads):
     torch.set_num_threads(threads)
 
 
-def run_all(first, second, workers, threads, on_done):
+def run_all(first, second, workers, threads, on_done, commit, reuse_other_commit):
     """Run the `first` specs, then second(results) once every sft and gift run of `first` is done (the equal-time
     budget needs their measured step times), with `workers` processes side by side (1 = in this process)."""
     results = []
-    gate = [s for s in first if s["name"] in ("sft", "gift")]
+    key = ("name", "base", "seed")
+    gate = [tuple(s[k] for k in key) for s in first if s["name"] in ("sft", "gift")]
     if workers <= 1:
         for s in first:
-            results.append(run_one(s))
+            results.append(run_one(s, commit, reuse_other_commit))
             on_done(results[-1])
         for s in second(results):
-            results.append(run_one(s))
+            results.append(run_one(s, commit, reuse_other_commit))
             on_done(results[-1])
         return results
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                                 initargs=(threads,)) as pool:
-        pending = {pool.submit(run_one, s): s for s in first}
+        pending = {pool.submit(run_one, s, commit, reuse_other_commit): s for s in first}
         released = False
         while pending:
             done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -491,11 +562,23 @@ def run_all(first, second, workers, threads, on_done):
                     raise fut.exception()
                 results.append(fut.result())
                 on_done(results[-1])
-            finished = {(r["spec"]["name"], r["spec"]["seed"]) for r in results}
-            if not released and all((s["name"], s["seed"]) in finished for s in gate):
+            finished = {tuple(r["spec"][k] for k in key) for r in results}
+            if not released and all(g in finished for g in gate):
                 released = True
-                pending.update({pool.submit(run_one, s): s for s in second(results)})
+                pending.update({pool.submit(run_one, s, commit, reuse_other_commit): s for s in second(results)})
     return results
+
+
+def prepare_bases(plan, commit):
+    """Every base of --bases, pre-trained side by side (`workers` processes). {b: (model folder, base.json)}."""
+    fields = dataclasses.asdict(plan)
+    if plan.workers <= 1:
+        done = [prepare_base(fields, b, commit) for b in id_list(plan.bases)]
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(plan.workers, mp_context=ctx) as pool:
+            done = list(pool.map(prepare_base, *zip(*[(fields, b, commit) for b in id_list(plan.bases)])))
+    return {b: (folder, meta) for b, folder, meta in done}
 
 
 # -----------------------------------------------------------------------------
@@ -510,14 +593,37 @@ def fmt_p(p):
     return "n/a" if math.isnan(p) else (f"{p:.3f}" if p >= 0.001 else f"{p:.1e}")
 
 
+def pair_key(spec):
+    """Runs are paired by (base, seed): same base model, same data order and noise."""
+    return spec.get("base", 0), spec["seed"]
+
+
+def paired_columns(metric, diffs):
+    """diffs: {(base, seed): a run's metric minus its reference's}. The paired t-test over all pairs, the spread of
+    the differences between bases (sd of the per-base means) and between seeds of one base (pooled within-base sd),
+    and the t-test over the per-base means (the conservative one: one value per independently trained base)."""
+    keys = sorted(diffs)
+    every = paired_test([diffs[k] for k in keys], [0.0] * len(keys))
+    per_base = [[diffs[k] for k in keys if k[0] == b] for b in sorted({b for b, _ in keys})]
+    base_means = [statistics.mean(v) for v in per_base]
+    within = [statistics.variance(v) for v in per_base if len(v) > 1]
+    return {f"d_{metric}": every["diff"], f"d_{metric}_lo": every["lo"], f"d_{metric}_hi": every["hi"],
+            f"d_{metric}_p": every["p"], f"d_{metric}_wins": f"{every['wins']}/{every['n']}",
+            f"d_{metric}_sd_bases": statistics.stdev(base_means) if len(base_means) > 1 else math.nan,
+            f"d_{metric}_sd_seeds": math.sqrt(statistics.mean(within)) if within else math.nan,
+            f"d_{metric}_p_bases": paired_test(base_means, [0.0] * len(base_means))["p"]}
+
+
 def summarize(results):
-    """Per (budget, objective): mean / std over seeds, and the paired per-seed difference to the SFT run of the
-    same budget (equal steps: sft; equal wall time: the longer sft-time run). A list of summary rows."""
+    """Per (budget, objective): mean / std over every (base, seed) run, the median step time and its ratio to SFT
+    of the same base and seed, and paired_columns of the difference to the SFT run of the same base, seed and budget
+    (equal steps: sft; equal wall time: the longer sft-time run). A list of summary rows."""
     by = {}
     for r in results:
         s = r["spec"]
-        by.setdefault((s["budget"], s["name"]), {})[s["seed"]] = r
+        by.setdefault((s["budget"], s["name"]), {})[pair_key(s)] = r
     names = [n for n in OBJECTIVES if ("steps", n) in by]
+    sft_steps = by.get(("steps", "sft"), {})
     rows = []
     for budget in ("steps", "time"):
         ref = by.get((budget, "sft"))
@@ -525,42 +631,51 @@ def summarize(results):
             continue
         for name in names:
             runs = ref if name == "sft" else by[("steps", name)]
-            seeds = sorted(runs)
-            row = dict(budget=budget, objective=name, n_seeds=len(seeds),
-                       steps=statistics.median(runs[k]["steps"] for k in seeds),
-                       step_time_s=statistics.median(runs[k]["step_time_s"] for k in seeds),
-                       loop_s=statistics.median(runs[k]["loop_s"] for k in seeds))
+            keys = sorted(runs)
+            ratios = [runs[k]["step_time_s"] / sft_steps[k]["step_time_s"] for k in keys if k in sft_steps]
+            row = dict(budget=budget, objective=name, n_bases=len({b for b, _ in keys}), n_runs=len(keys),
+                       steps=statistics.median(runs[k]["steps"] for k in keys),
+                       step_time_s=statistics.median(runs[k]["step_time_s"] for k in keys),
+                       step_time_vs_sft=statistics.median(ratios) if ratios else math.nan,
+                       loop_s=statistics.median(runs[k]["loop_s"] for k in keys))
             for metric in ("cell_acc", "puzzle_acc"):
-                row[metric + "_mean"], row[metric + "_std"] = mean_std([runs[k][metric] for k in seeds])
-            row["cell_se_binomial"] = statistics.mean(runs[k]["cell_se"] for k in seeds)
-            row["puzzle_se_binomial"] = statistics.mean(runs[k]["puzzle_se"] for k in seeds)
+                row[metric + "_mean"], row[metric + "_std"] = mean_std([runs[k][metric] for k in keys])
+            row["cell_se_binomial"] = statistics.mean(runs[k]["cell_se"] for k in keys)
+            row["puzzle_se_binomial"] = statistics.mean(runs[k]["puzzle_se"] for k in keys)
             if name != "sft":
-                paired = [k for k in seeds if k in ref]
                 for metric in ("cell_acc", "puzzle_acc"):
-                    t = paired_test([runs[k][metric] for k in paired], [ref[k][metric] for k in paired])
-                    row.update({f"d_{metric}": t["diff"], f"d_{metric}_lo": t["lo"], f"d_{metric}_hi": t["hi"],
-                                f"d_{metric}_p": t["p"], f"d_{metric}_wins": f"{t['wins']}/{t['n']}"})
+                    row.update(paired_columns(metric, {k: runs[k][metric] - ref[k][metric] for k in keys if k in ref}))
             rows.append(row)
     return rows
 
 
-def markdown(plan, command, summary, results, base_meta, base_eval, base_entropy, wall_s, equal_time):
-    """results.md: settings, the two budgets' tables, the betas' evolution and the entropy by position."""
+def markdown(plan, command, commit, summary, results, bases, wall_s, equal_time):
+    """results.md: provenance, the bases, the two budgets' tables, the K trade-off, the betas' evolution and the
+    entropy by position."""
     lines = ["# GIFT vs SFT on 4x4 Sudoku: results", ""]
     lines.append(f"Command: `{command}`  ")
+    others = sorted(({r.get("commit") for r in results} | {m.get("commit") for _, m in bases.values()}) - {commit})
+    lines.append(f"Commit: `{commit}`" + (f" (**runs reused from other commits: {others}**)" if others else "") + "  ")
     lines.append("Settings: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(plan).items()) + "  ")
-    lines.append(f"Hardware: {cpu_name()}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, "
-                 f"{plan.workers} worker process(es) x {plan.threads} thread(s). Total wall time "
-                 f"{wall_s / 60:.1f} min (base pre-training {base_meta['train_s'] / 60:.1f} min"
-                 f"{', reused from an earlier invocation' if base_meta.get('reused') else ''}).")
-    lines += ["", f"Held-out: {base_eval['n_puzzles']} puzzles ({base_eval['n_cells']} blank cells) from "
+    lines.append(f"Machine: {cpu_name()}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, "
+                 f"{plan.workers} worker process(es) x {plan.threads} thread(s). Total wall time {wall_s / 60:.1f} min.")
+    any_eval = next(iter(bases.values()))[1]["eval"]
+    lines += ["", f"Held-out: {any_eval['n_puzzles']} puzzles ({any_eval['n_cells']} blank cells) from "
               f"{plan.heldout_grids} solution grids never seen in training. Cell accuracy = correct blanks / blanks "
               "(d1's metric); SE = binomial standard error of one run's accuracy on this held-out set (cells of one "
-              "puzzle are not independent, so it is a lower bound); mean +- std over seeds; delta = paired "
-              "per-seed difference to SFT of the same budget, 95% t interval, paired t-test p.", ""]
-    lines.append(f"Base model ({base_meta['n_params']} parameters, SFT pre-training {plan.base_steps} steps): cell "
-                 f"accuracy {fmt(base_eval['cell_acc'])} +- {fmt(base_eval['cell_se'])}, whole puzzles "
-                 f"{fmt(base_eval['puzzle_acc'])} +- {fmt(base_eval['puzzle_se'])} %.")
+              "puzzle are not independent, so it is a lower bound); mean +- sd over every (base, seed) run. delta = "
+              "paired difference to SFT of the same base, seed and budget: mean over all pairs, 95% t interval and "
+              "paired t-test p over all pairs; sd bases = spread of the per-base mean differences (base-to-base), "
+              "sd seeds = pooled spread between seeds of one base; p bases = t-test over the per-base means (one "
+              "value per independently pre-trained base: the conservative test). x SFT = median ratio of the step "
+              "time to SFT's of the same base and seed (runs side by side on a shared machine: indicative; "
+              "bench/train_step.py measures it properly).", ""]
+    lines += ["## Base models", "", "| base | init seed | pre-training s | cell acc % | SE | whole puzzles % |",
+              "|---|---|---|---|---|---|"]
+    for b, (_, meta) in sorted(bases.items()):
+        e = meta["eval"]
+        lines.append(f"| {b} | {meta['spec']['seed']} | {meta['train_s']:.0f} | {fmt(e['cell_acc'])} | "
+                     f"{fmt(e['cell_se'])} | {fmt(e['puzzle_acc'])} |")
     for budget, title in (("steps", "Equal optimizer steps"), ("time", "Equal wall time")):
         rows = [r for r in summary if r["budget"] == budget]
         if not rows:
@@ -570,23 +685,50 @@ def markdown(plan, command, summary, results, base_meta, base_eval, base_entropy
             lines.append(f"SFT runs {equal_time['steps']} steps: the seconds of GIFT's equal-step run, from the median "
                          f"measured step times of the equal-step runs (gift {equal_time['gift']:.3f} s, sft "
                          f"{equal_time['sft']:.3f} s, ratio {equal_time['gift'] / equal_time['sft']:.2f}). The other "
-                         "objectives are their equal-step runs (gift-elbo and gift with --norm answer cost what gift "
-                         "costs; gift-star has no per-step entropy pass, so it used fewer seconds than SFT here).")
+                         "objectives are their equal-step runs.")
             lines.append("")
-        lines.append("| objective | steps | s/step | cell acc % | SE | whole puzzles % | delta cell vs SFT [95% CI] "
-                     "| p | wins | delta puzzles vs SFT [95% CI] | p | reading (cells) |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        lines.append("| objective | runs | steps | s/step | x SFT | cell acc % | whole puzzles % | delta cell vs SFT "
+                     "[95% CI] | p | wins | sd bases | sd seeds | p bases | delta puzzles [95% CI] | p | reading |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             dc = (f"{r['d_cell_acc']:+.1f} [{fmt(r['d_cell_acc_lo'])}, {fmt(r['d_cell_acc_hi'])}]"
                   if "d_cell_acc" in r else "-")
             dp = (f"{r['d_puzzle_acc']:+.1f} [{fmt(r['d_puzzle_acc_lo'])}, {fmt(r['d_puzzle_acc_hi'])}]"
                   if "d_puzzle_acc" in r else "-")
             lines.append(f"| {r['objective']}{' (longer)' if budget == 'time' and r['objective'] == 'sft' else ''} "
-                         f"| {r['steps']:.0f} | {r['step_time_s']:.3f} | {fmt(r['cell_acc_mean'])} +- "
-                         f"{fmt(r['cell_acc_std'])} | {fmt(r['cell_se_binomial'])} | {fmt(r['puzzle_acc_mean'])} +- "
-                         f"{fmt(r['puzzle_acc_std'])} | {dc} | {fmt_p(r.get('d_cell_acc_p', math.nan))} | "
-                         f"{r.get('d_cell_acc_wins', '-')} | {dp} | {fmt_p(r.get('d_puzzle_acc_p', math.nan))} | "
+                         f"| {r['n_runs']} | {r['steps']:.0f} | {r['step_time_s']:.3f} | "
+                         f"{fmt(r['step_time_vs_sft'], 2)} | {fmt(r['cell_acc_mean'])} +- {fmt(r['cell_acc_std'])} | "
+                         f"{fmt(r['puzzle_acc_mean'])} +- {fmt(r['puzzle_acc_std'])} | {dc} | "
+                         f"{fmt_p(r.get('d_cell_acc_p', math.nan))} | {r.get('d_cell_acc_wins', '-')} | "
+                         f"{fmt(r.get('d_cell_acc_sd_bases'))} | {fmt(r.get('d_cell_acc_sd_seeds'))} | "
+                         f"{fmt_p(r.get('d_cell_acc_p_bases', math.nan))} | {dp} | "
+                         f"{fmt_p(r.get('d_puzzle_acc_p', math.nan))} | "
                          f"{reading(r['d_cell_acc_p'], r['d_cell_acc']) if 'd_cell_acc' in r else 'reference'} |")
+
+    # the K trade-off: betas reused for K epochs, against K = 1 (gift) of the same base and seed
+    by = {(r["spec"]["name"], pair_key(r["spec"])): r for r in results if r["spec"]["budget"] == "steps"}
+    k_names = [n for n in ("gift", "gift-k4", "gift-kinf") if any(name == n for name, _ in by)]
+    if len(k_names) > 1:
+        lines += ["", "## GIFT with betas reused for K epochs (--beta-refresh-epochs)", "",
+                  "Equal optimizer steps. delta vs K = 1: paired difference to `gift` of the same base and seed.", "",
+                  "| objective | K | x SFT per step | cell acc % | delta cell vs K = 1 [95% CI] | p | sd bases | "
+                  "sd seeds | delta puzzles vs K = 1 | p |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for n in k_names:
+            row = next(r for r in summary if r["budget"] == "steps" and r["objective"] == n)
+            k = {1: "1", 0: "infinity"}.get(OBJECTIVES[n][2], str(OBJECTIVES[n][2]))
+            if n == "gift":
+                lines.append(f"| gift | 1 | {fmt(row['step_time_vs_sft'], 2)} | {fmt(row['cell_acc_mean'])} +- "
+                             f"{fmt(row['cell_acc_std'])} | - | | | | - | |")
+                continue
+            cols = {}
+            for metric in ("cell_acc", "puzzle_acc"):
+                cols.update(paired_columns(metric, {key: by[(n, key)][metric] - by[("gift", key)][metric]
+                                                    for name, key in by if name == n and ("gift", key) in by}))
+            lines.append(f"| {n} | {k} | {fmt(row['step_time_vs_sft'], 2)} | {fmt(row['cell_acc_mean'])} +- "
+                         f"{fmt(row['cell_acc_std'])} | {cols['d_cell_acc']:+.1f} [{fmt(cols['d_cell_acc_lo'])}, "
+                         f"{fmt(cols['d_cell_acc_hi'])}] | {fmt_p(cols['d_cell_acc_p'])} | "
+                         f"{fmt(cols['d_cell_acc_sd_bases'])} | {fmt(cols['d_cell_acc_sd_seeds'])} | "
+                         f"{cols['d_puzzle_acc']:+.1f} | {fmt_p(cols['d_puzzle_acc_p'])} |")
 
     # the betas during training (metrics.jsonl: mean / std of beta over the batch's answer tokens)
     traces = {}
@@ -610,13 +752,13 @@ def markdown(plan, command, summary, results, base_meta, base_eval, base_entropy
     entropy = [r["entropy"] for r in results if r.get("entropy")]
     lines += ["", "## Which answer positions have high entropy", "",
               f"gift.entropy_betas on {plan.n_entropy} fine-tuning puzzles (the whole answer masked, Algorithm 1). "
-              "Step 0 is the base model (= GIFT*'s fixed betas); later rows are gift's models along training, "
-              "averaged over seeds. top-k share = fraction of each answer's k highest betas (k = its number of "
+              "Step 0 is the base models (= GIFT*'s fixed betas); later rows are gift's models along training, "
+              "averaged over bases and seeds. top-k share = fraction of each answer's k highest betas (k = its number of "
               "blanks) that are blank cells; r blank = mean beta_i / beta_ref on blank cells (how much more often "
               "GIFT masks them than SFT's uniform rate would suggest).", "",
               "| step | beta blank | beta given | beta fixed tokens | top-k share | r blank |",
               "|---|---|---|---|---|---|"]
-    rows = [(0, [base_entropy])]
+    rows = [(0, [meta["entropy"] for _, meta in bases.values()])]
     if entropy:
         n_ckpt = min(len(e) for e in entropy)
         rows += [(entropy[0][i][0], [e[i][1] for e in entropy]) for i in range(n_ckpt)]
@@ -671,10 +813,13 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     plan = parse_plan(argv)
     command = " ".join(["python experiments/sudoku_gift_vs_sft.py"] + argv)
+    commit = git_commit()
     t_start = time.time()
     out = Path(plan.out)
     torch.set_num_threads(plan.threads)
-    print(f"plan: {json.dumps(dataclasses.asdict(plan))}", flush=True)
+    print(f"plan: {json.dumps(dataclasses.asdict(plan))}\ncommit: {commit}", flush=True)
+    if commit.endswith("+dirty") or commit == "unknown":
+        print(f"WARNING: commit {commit}: the results cannot be tied to a commit", flush=True)
 
     # 1. data, split by solution grid
     base_pairs, ft_pairs, heldout = build_data(plan, out / "data")
@@ -682,40 +827,32 @@ def main(argv=None):
     print(f"data: {len(base_pairs)} pre-training, {len(ft_pairs)} fine-tuning, {len(heldout)} held-out puzzles "
           f"({plan.heldout_grids} held-out grids)", flush=True)
 
-    # 2. the base model, pre-trained once
-    base_dir, base_meta, reused = build_base(plan, out / "base", out / "data")
-    base_model = LLaDA.from_pretrained(base_dir)
-    tokenizer = load_tokenizer(base_dir)
-    data_key = {k: getattr(plan, k) for k in ("data_seed", "heldout_grids", "n_heldout", "n_ft", "ft_blanks",
-                                              "eval_batch", "n_entropy")}  # what the held-out and analysis use
-    if base_meta.get("data_key") != data_key:
-        base_meta["eval"] = evaluate_heldout(base_model, tokenizer, heldout, plan.eval_batch)
-        base_meta["entropy"] = entropy_by_position(base_model, tokenizer, ft_pairs[:plan.n_entropy])
-        base_meta["data_key"] = data_key
-        (out / "base" / "base.json").write_text(json.dumps(base_meta, indent=1))
-    base_meta["reused"] = reused
-    base_eval = base_meta["eval"]
-    print(f"base: {base_meta['n_params']} parameters, {base_meta['train_s']:.0f} s pre-training "
-          f"({base_meta['step_time_s']:.3f} s/step); held-out cell accuracy {base_eval['cell_acc']:.1f} +- "
-          f"{base_eval['cell_se']:.1f} %, whole puzzles {base_eval['puzzle_acc']:.1f} % "
-          f"(eval {base_eval['eval_s']:.0f} s)", flush=True)
-
-    if plan.seeds == 0:  # --seeds 0: pre-train (or reuse) and evaluate the base only, e.g. to size it
+    # 2. the base models, each pre-trained once from its own seed
+    bases = prepare_bases(plan, commit)
+    for b, (_, meta) in sorted(bases.items()):
+        e = meta["eval"]
+        print(f"base {b}: {meta['n_params']} parameters, {meta['train_s']:.0f} s pre-training "
+              f"({meta['step_time_s']:.3f} s/step{', reused' if meta['reused'] else ''}); held-out cell accuracy "
+              f"{e['cell_acc']:.1f} +- {e['cell_se']:.1f} %, whole puzzles {e['puzzle_acc']:.1f} %", flush=True)
+    if plan.base_only:  # pre-train (or reuse) and evaluate the bases only, e.g. to size them
         return
 
-    # 3. fine-tuning runs: equal steps first; sft and gift of each seed first and side by side (their step times
-    # are measured under the same load, and the equal-time budget waits for them), then the other objectives
+    # 3. fine-tuning runs: equal steps first; sft and gift of each base and seed first and side by side (their step
+    # times are measured under the same load, and the equal-time budget waits for them), then the other objectives
     steps = plan.ft_epochs * math.ceil(len(ft_pairs) / plan.ft_batch)
-    names = objective_names(plan)
-    common = dict(base=str(base_dir), data_jsonl=str(out / "data" / "finetune.jsonl"),
-                  data_json=str(out / "data" / "data.json"), batch=plan.ft_batch, lr=plan.ft_lr,
-                  warmup=plan.ft_warmup, weight_decay=plan.ft_weight_decay, log_every=plan.log_every,
-                  eval_batch=plan.eval_batch, n_entropy=plan.n_entropy, checkpoints=plan.checkpoints,
-                  threads=plan.threads, base_spec=base_meta["spec"], data_key=data_key)
-    pairs_first = [(n, s) for s in range(plan.seeds) for n in names if n in ("sft", "gift")]
-    pairs_first += [(n, s) for n in names if n not in ("sft", "gift") for s in range(plan.seeds)]
-    first = [dict(common, name=n, budget="steps", seed=s, steps=steps, out=str(out / "runs" / f"{n}-steps-seed{s}"))
-             for n, s in pairs_first]
+    names, seeds = objective_names(plan), id_list(plan.seeds)
+    common = dict(data_jsonl=str(out / "data" / "finetune.jsonl"), data_json=str(out / "data" / "data.json"),
+                  batch=plan.ft_batch, lr=plan.ft_lr, warmup=plan.ft_warmup, weight_decay=plan.ft_weight_decay,
+                  log_every=plan.log_every, eval_batch=plan.eval_batch, n_entropy=plan.n_entropy,
+                  checkpoints=plan.checkpoints, threads=plan.threads)
+
+    def spec(name, budget, b, s, n_steps):
+        return dict(common, name=name, budget=budget, base=b, base_dir=bases[b][0], base_spec=bases[b][1]["spec"],
+                    data_key=bases[b][1]["data_key"], seed=s, steps=n_steps,
+                    out=str(out / "runs" / f"base{b}" / f"{name}-{budget}-seed{s}"))
+    pairs = [(b, s) for b in sorted(bases) for s in seeds]
+    first = [spec(n, "steps", b, s, steps) for b, s in pairs for n in names if n in ("sft", "gift")]
+    first += [spec(n, "steps", b, s, steps) for n in names if n not in ("sft", "gift") for b, s in pairs]
     equal_time = {}
 
     def second(results):  # equal wall time: SFT gets GIFT's seconds, from the measured median step times
@@ -726,37 +863,38 @@ def main(argv=None):
         equal_time.update(t, steps=max(steps, round(steps * t["gift"] / t["sft"])))
         print(f"equal wall time: gift {t['gift']:.3f} s/step, sft {t['sft']:.3f} s/step -> sft runs "
               f"{equal_time['steps']} steps", flush=True)
-        return [dict(common, name="sft", budget="time", seed=s, steps=equal_time["steps"],
-                     out=str(out / "runs" / f"sft-time-seed{s}")) for s in range(plan.seeds)]
+        return [spec("sft", "time", b, s, equal_time["steps"]) for b, s in pairs]
 
-    n_total = len(first) + (0 if plan.skip_equal_time or not {"sft", "gift"} <= set(names) else plan.seeds)
+    n_total = len(first) + (0 if plan.skip_equal_time or not {"sft", "gift"} <= set(names) else len(pairs))
     done = []
 
     def on_done(r):
         done.append(r)
         s = r["spec"]
         elapsed = time.time() - t_start
-        print(f"[{elapsed / 60:5.1f} min] {len(done)}/{n_total} {s['name']} ({s['budget']}) seed {s['seed']}: "
-              f"{r['steps']} steps x {r['step_time_s']:.3f} s, cell {r['cell_acc']:.1f} +- {r['cell_se']:.1f} %, "
-              f"puzzles {r['puzzle_acc']:.1f} % (eval {r['eval_s']:.0f} s)", flush=True)
+        print(f"[{elapsed / 60:5.1f} min] {len(done)}/{n_total} base {s['base']} {s['name']} ({s['budget']}) seed "
+              f"{s['seed']}: {r['steps']} steps x {r['step_time_s']:.3f} s, cell {r['cell_acc']:.1f} +- "
+              f"{r['cell_se']:.1f} %, puzzles {r['puzzle_acc']:.1f} % (eval {r['eval_s']:.0f} s)", flush=True)
 
-    results = run_all(first, second, plan.workers, plan.threads, on_done)
+    results = run_all(first, second, plan.workers, plan.threads, on_done, commit, plan.reuse_other_commit)
 
     # 4. tables
     summary = summarize(results)
-    run_rows = [dict(objective=r["spec"]["name"], loss=OBJECTIVES[r["spec"]["name"]][0],
-                     norm=OBJECTIVES[r["spec"]["name"]][1] or gift.DEFAULT_NORM[OBJECTIVES[r["spec"]["name"]][0]],
-                     budget=r["spec"]["budget"], seed=r["spec"]["seed"], steps=r["steps"],
-                     step_time_s=r["step_time_s"], loop_s=r["loop_s"], train_s=r["train_s"], eval_s=r["eval_s"],
-                     cell_acc=r["cell_acc"], cell_se=r["cell_se"], puzzle_acc=r["puzzle_acc"],
-                     puzzle_se=r["puzzle_se"], n_cells=r["n_cells"], n_puzzles=r["n_puzzles"],
-                     final_loss=r["final_loss"]) for r in results]
-    run_rows.sort(key=lambda r: (r["budget"], r["objective"], r["seed"]))
+    run_rows = []
+    for r in results:
+        loss, norm, refresh = OBJECTIVES[r["spec"]["name"]]
+        run_rows.append(dict(objective=r["spec"]["name"], loss=loss, norm=norm or gift.DEFAULT_NORM[loss],
+                             beta_refresh_epochs=refresh, budget=r["spec"]["budget"], base=r["spec"]["base"],
+                             seed=r["spec"]["seed"], steps=r["steps"], step_time_s=r["step_time_s"],
+                             loop_s=r["loop_s"], train_s=r["train_s"], eval_s=r["eval_s"], cell_acc=r["cell_acc"],
+                             cell_se=r["cell_se"], puzzle_acc=r["puzzle_acc"], puzzle_se=r["puzzle_se"],
+                             n_cells=r["n_cells"], n_puzzles=r["n_puzzles"], final_loss=r["final_loss"],
+                             commit=r.get("commit")))
+    run_rows.sort(key=lambda r: (r["budget"], r["objective"], r["base"], r["seed"]))
     write_csv(out / "results.csv", run_rows)
-    write_csv(out / "summary.csv", summary)
+    write_csv(out / "summary.csv", [dict(row, commit=commit) for row in summary])
     wall_s = time.time() - t_start
-    text = markdown(plan, command, summary, results, base_meta, base_eval, base_meta["entropy"], wall_s,
-                    equal_time)
+    text = markdown(plan, command, commit, summary, results, bases, wall_s, equal_time)
     (out / "results.md").write_text(text)
     print(text)
     print(f"wrote {out / 'results.csv'}, {out / 'summary.csv'}, {out / 'results.md'} ({wall_s / 60:.1f} min)")
