@@ -174,13 +174,22 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(D, cfg.mlp_hidden_size, bias=False)
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, D, bias=False)
 
-    def forward(self, x, cos, sin, key_mask):
+    def forward(self, x, cos, sin, key_mask, kv=None, start=0):
+        """x (B, S, D) at positions start .. start + S - 1; cos, sin (S, hd) of those positions. kv: None, or a list:
+        empty, this call's keys and values (B, Hkv, S, hd) are appended to it; holding (k, v) of a whole sequence
+        from an earlier call, the other positions' keys and values come from it (Fast-dLLM's cache, sample.py)."""
         B, L, D = x.shape
         n = self.attn_norm(x)
         q = self.q_proj(n).view(B, L, self.n_heads, -1).transpose(1, 2)  # (B, H, L, hd)
         k = self.k_proj(n).view(B, L, self.n_kv_heads, -1).transpose(1, 2)  # (B, Hkv, L, hd)
         v = self.v_proj(n).view(B, L, self.n_kv_heads, -1).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if kv is not None and not kv:
+            kv.append((k, v))
+        elif kv is not None:  # cached keys / values before and after this span
+            (k_all, v_all), end = kv[0], start + L
+            k = torch.cat([k_all[:, :, :start], k, k_all[:, :, end:]], dim=2)  # (B, Hkv, L_all, hd)
+            v = torch.cat([v_all[:, :, :start], v, v_all[:, :, end:]], dim=2)
         # grouped-query attention: kv head j serves query heads j*g .. j*g+g-1 (what enable_gqa does)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=False,
                                            enable_gqa=self.n_kv_heads != self.n_heads)
@@ -221,19 +230,32 @@ class LLaDA(nn.Module):
                 p.normal_(0.0, std, generator=generator)
         return self
 
-    def forward(self, input_ids, attention_mask=None, return_hidden=False):
+    def forward(self, input_ids, attention_mask=None, return_hidden=False, kv_cache=None, start=0):
         """input_ids (B, L); attention_mask (B, L), 1 = real token, 0 = padding (hidden from every query).
-        Returns logits (B, L, V), or with return_hidden the final hidden states after ln_f (B, L, D)."""
+        Returns logits (B, L, V), or with return_hidden the final hidden states after ln_f (B, L, D).
+
+        kv_cache (inference only): an empty list is filled with one [(k, v)] per block, the keys and values of this
+        whole sequence. A filled one lets input_ids be a span: positions start .. start + S - 1 of the sequence the
+        cache was made from; every other position's keys and values are the cached ones (stale where those tokens
+        have changed since: the approximation of a cached sampler). attention_mask stays over the whole sequence.
+        Without kv_cache the forward is the plain one."""
         tr = self.model.transformer
         B, L = input_ids.shape
         x = tr.wte(input_ids)  # (B, L, D)
-        cos, sin = rope_cos_sin(L, self.config.head_dim, self.config.rope_theta, x.device)
+        fill = kv_cache is not None and not kv_cache
+        if fill:
+            kv_cache.extend([] for _ in tr.blocks)
+        L_all = L if kv_cache is None or fill else kv_cache[0][0][0].shape[2]
+        cos, sin = rope_cos_sin(L_all, self.config.head_dim, self.config.rope_theta, x.device)
+        cos, sin = cos[start:start + L], sin[start:start + L]  # (L, hd): this span's positions
         key_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
-            key_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, L): True = may be attended to
-        for block in tr.blocks:
+            key_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, L_all): True = may be attended to
+        for i, block in enumerate(tr.blocks):
             if self.activation_checkpointing and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, key_mask, use_reentrant=False)
+            elif kv_cache is not None:
+                x = block(x, cos, sin, key_mask, kv=kv_cache[i], start=start)
             else:
                 x = block(x, cos, sin, key_mask)
         h = tr.ln_f(x)

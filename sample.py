@@ -82,7 +82,7 @@ def transfer_index(confidence, k):
     return torch.zeros_like(confidence, dtype=torch.bool).scatter_(-1, top, keep)
 
 
-def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id):
+def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache=None, span=None):
     """Logits (N, V) at the N eligible positions (row-major order), with classifier-free guidance if cfg_scale > 0.
 
     One forward pass over the whole sequence gives hidden states; the LM head then runs on the eligible rows only.
@@ -90,17 +90,35 @@ def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, m
     positions are masked, and logits = uncond + (cfg_scale + 1) * (cond - uncond), computed in the logits' dtype
     as the official code does. The head is taken from `.module` under DDP, and the hidden states from calling
     the wrapper, so that DDP / FSDP see a forward.
+    kv_cache, span (cached samplers): an empty list is filled with the keys and values of this forward; with a
+    filled one and span = (s, e), only positions s .. e - 1 run (eligible must lie inside them).
     """
     head = getattr(model, "module", model).head
-    if cfg_scale <= 0:  # the official test is `if cfg_scale > 0.`
-        h = model(x, attention_mask=attention_mask, return_hidden=True)  # (B, L, D)
-        return head(h[eligible])  # (N, V)
-    B = x.shape[0]
-    un_x = x.masked_fill(prompt_index, mask_id)  # prompt masked: the unconditional input
-    mask2 = None if attention_mask is None else torch.cat([attention_mask, attention_mask], dim=0)  # (2B, L)
-    h = model(torch.cat([x, un_x], dim=0), attention_mask=mask2, return_hidden=True)  # (2B, L, D)
-    logits, un_logits = head(torch.cat([h[:B][eligible], h[B:][eligible]], dim=0)).chunk(2, dim=0)  # (N, V) each
+    s, e = span or (0, x.shape[1])
+    if cfg_scale > 0:  # the official test is `if cfg_scale > 0.`
+        un_x = x.masked_fill(prompt_index, mask_id)  # prompt masked: the unconditional input
+        x = torch.cat([x, un_x], dim=0)  # (2B, L)
+        attention_mask = None if attention_mask is None else torch.cat([attention_mask, attention_mask], dim=0)
+    if kv_cache is None:
+        h = model(x, attention_mask=attention_mask, return_hidden=True)  # (B or 2B, L, D)
+    else:
+        h = model(x[:, s:e], attention_mask=attention_mask, return_hidden=True, kv_cache=kv_cache, start=s)
+    if cfg_scale <= 0:
+        return head(h[eligible[:, s:e]])  # (N, V)
+    B = len(eligible)
+    logits, un_logits = head(torch.cat([h[:B][eligible[:, s:e]], h[B:][eligible[:, s:e]]], dim=0)).chunk(2, dim=0)
     return un_logits + (cfg_scale + 1) * (logits - un_logits)
+
+
+def draw_uniforms(shape, generator, device, dtype=torch.float32):
+    """Uniforms of `shape` (B, ...): from one generator (the official draw), or one generator per row (a list), so
+    that a row's noise does not depend on the other rows of its batch."""
+    if isinstance(generator, (list, tuple)):
+        return torch.stack([torch.rand(shape[1:], dtype=dtype, device=device, generator=g) for g in generator])
+    return torch.rand(shape, dtype=dtype, device=device, generator=generator)
+
+
+CACHES = (None, "prefix", "dual")
 
 
 # -----------------------------------------------------------------------------
@@ -109,8 +127,10 @@ def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, m
 
 @torch.no_grad()
 def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, block_length=128, temperature=0.,
-             cfg_scale=0., remasking="low_confidence", mask_id=None, generator=None):
-    """LLaDA's official generate(), batched. Returns x (B, prompt_len + gen_length), prompt included.
+             cfg_scale=0., remasking="low_confidence", mask_id=None, generator=None, cache=None, threshold=None,
+             refresh_cache_every_step=False):
+    """LLaDA's official generate(), batched; optionally cached and parallel. Returns x (B, prompt_len + gen_length),
+    prompt included.
 
     model: called as model(x, attention_mask=..., return_hidden=True) -> (B, L, D), with the LM head at
         getattr(model, "module", model).head; put it in eval mode first (LoRA dropout).
@@ -123,7 +143,21 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
     mask_id: defaults to model.config.mask_token_id.
     generator: torch.Generator on the prompt's device for the random draws (None: the global RNG, as official).
         The draws have the official shapes and order ((B, L, V) float64 uniforms for the noise, then (B, L)
-        float32 for random remasking), so the same RNG state gives the official tokens.
+        float32 for random remasking), so the same RNG state gives the official tokens. A list of B generators
+        draws each row's noise from its own (a row's tokens then do not depend on its batch).
+
+    The fast options (Fast-dLLM, arXiv 2505.22618; the defaults give the exact official sampler):
+    cache: "prefix" = at each block's first step one full forward stores every position's keys and values; the
+        block's later steps run only the block and what follows it, the prompt and the finished blocks read from
+        the cache. "dual" = those steps run only the block; the later (still masked) blocks read from the cache too.
+        The cached keys and values are the block's first step's: an approximation, since attention is
+        bidirectional. Only the current block's masks are eligible (the exact sampler also retries masks that an
+        earlier block left, which happens only when the model predicts the mask token itself).
+    threshold: confidence-aware parallel decoding: each step unmasks every eligible position whose confidence
+        exceeds it (at least the most confident one per row), and a block ends as soon as it has no mask left
+        (at most block_length steps); `steps` then only sets the number of blocks' schedule when threshold is None.
+    refresh_cache_every_step: rebuild the cache at every step (a check: the cache is then exact, and the tokens
+        are the exact sampler's; no speed-up).
     """
     raw = getattr(model, "module", model)
     mask_id = raw.config.mask_token_id if mask_id is None else mask_id
@@ -143,6 +177,12 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
                          f"gen_length / block_length = {num_blocks}; e.g. steps={hint}")
     if remasking not in REMASKING:
         raise ValueError(f"sample.py generate: remasking={remasking!r}; expected one of {REMASKING}")
+    if cache not in CACHES:
+        raise ValueError(f"sample.py generate: cache={cache!r}; expected one of {CACHES}")
+    if threshold is not None and not 0 <= threshold < 1:
+        raise ValueError(f"sample.py generate: threshold={threshold}; expected a confidence in [0, 1)")
+    if isinstance(generator, (list, tuple)) and len(generator) != len(prompt):
+        raise ValueError(f"sample.py generate: {len(generator)} generators for {len(prompt)} rows")
     steps_per_block = steps // num_blocks
 
     # x = prompt then gen_length masks; the attention mask is extended with ones (the answer is attended to)
@@ -157,22 +197,34 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
     positions = torch.arange(L, device=device)
 
     for num_block in range(num_blocks):
-        block_end = P + (num_block + 1) * block_length
-        block_mask_index = x[:, block_end - block_length:block_end] == mask_id  # (B, block_length)
+        block_start, block_end = P + num_block * block_length, P + (num_block + 1) * block_length
+        block_mask_index = x[:, block_start:block_end] == mask_id  # (B, block_length)
         num_transfer_tokens = get_num_transfer_tokens(block_mask_index, steps_per_block)  # (B, steps_per_block)
-        for i in range(steps_per_block):
+        in_block = positions < block_end if cache is None else (positions >= block_start) & (positions < block_end)
+        kv_cache = None
+        for i in range(steps_per_block if threshold is None else block_length):
             mask_index = x == mask_id  # (B, L)
             # the official confidence is -inf after the block and at unmasked positions: only these can change,
             # masks left in earlier blocks included (the official code keeps them eligible too)
-            eligible = mask_index & (positions < block_end)  # (B, L), N True in all
-            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id)  # (N, V)
+            eligible = mask_index & in_block  # (B, L), N True in all
+            if threshold is not None and not eligible.any():
+                break  # parallel decoding: the block is done early
+            span = None
+            if cache is not None and (i == 0 or refresh_cache_every_step):
+                kv_cache = []  # a full forward that stores every position's keys and values
+                if refresh_cache_every_step:
+                    guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache)
+                    span = (block_start, block_end if cache == "dual" else L)
+            elif cache is not None:
+                span = (block_start, block_end if cache == "dual" else L)
+            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id,
+                                   kv_cache if cache is not None else None, span)  # (N, V)
 
             # candidates: argmax, or Gumbel-max if temperature > 0. The uniforms are drawn over the official
             # (B, L, V), 8 bytes each as there, so that one RNG state gives the official tokens
             u = None
             if temperature != 0:
-                u = torch.rand((B, L, logits.shape[-1]), dtype=torch.float64, device=device, generator=generator)
-                u = u[eligible]  # (N, V)
+                u = draw_uniforms((B, L, logits.shape[-1]), generator, device, torch.float64)[eligible]  # (N, V)
             x0 = torch.argmax(add_gumbel_noise(logits, temperature, u), dim=-1)  # (N,)
 
             # confidence of each candidate, -inf where nothing may change; random remasking draws (B, L)
@@ -180,15 +232,20 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
             if remasking == "low_confidence":
                 x0_p = low_confidence(logits, x0)  # (N,), in the logits' dtype
             else:
-                x0_p = torch.rand((B, L), device=device, generator=generator)[eligible]  # (N,)
+                x0_p = draw_uniforms((B, L), generator, device)[eligible]  # (N,)
             confidence = torch.full((B, L), float("-inf"), dtype=x0_p.dtype, device=device)
             confidence[eligible] = x0_p
 
-            # the k most confident positions take their candidates; a candidate equal to mask_id
-            # leaves its position masked (and eligible again at the next step), as in the official code
+            # the k most confident positions take their candidates (threshold: every position above it, and at
+            # least the most confident one); a candidate equal to mask_id leaves its position masked (and eligible
+            # again at the next step), as in the official code
             candidates = x.clone()
             candidates[eligible] = x0
-            x = torch.where(transfer_index(confidence, num_transfer_tokens[:, i]), candidates, x)
+            if threshold is None:
+                transfer = transfer_index(confidence, num_transfer_tokens[:, i])
+            else:
+                transfer = transfer_index(confidence, eligible.any(1).long()) | (eligible & (confidence > threshold))
+            x = torch.where(transfer, candidates, x)
     return x
 
 

@@ -1,0 +1,157 @@
+"""The opt-in fast sampler (sample.generate's cache= and threshold=, after Fast-dLLM): the model's key/value cache is
+exact where it is built; a cache rebuilt at every step gives the exact sampler's tokens (so the cache logic is the
+only difference of the fast modes); without a threshold the cached sampler keeps the exact step schedule; the
+threshold unmasks what is confident and ends blocks early."""
+
+import pytest
+import torch
+from test_sample import EOS, MASK, left_pad, no_mask_model, random_prompts
+
+import sample
+from model import apply_rope, rope_cos_sin
+from sample import generate
+
+
+def float64_model(seed=0):
+    """A model that never proposes the mask token, in float64: a different summation order cannot flip a token."""
+    return no_mask_model(seed).double()
+
+
+def padded_batch(seed=0):
+    """Three prompts of lengths 5, 9, 7, left-padded: (ids, attention_mask)."""
+    g = torch.Generator().manual_seed(seed)
+    return left_pad([torch.randint(0, EOS, (n,), generator=g) for n in (5, 9, 7)])
+
+
+def test_the_cache_holds_a_fresh_forwards_keys_and_values():
+    """kv_cache=[] stores, for every block, the keys and values a plain forward computes (RoPE applied); a span
+    forward that reads them gives the full forward's hidden states at the span."""
+    model = float64_model()
+    ids, mask = padded_batch()
+    blocks = model.model.transformer.blocks
+    inputs = []
+    hooks = [b.register_forward_pre_hook(lambda m, args: inputs.append(args[0])) for b in blocks]
+    full = model(ids, attention_mask=mask, return_hidden=True)
+    for h in hooks:
+        h.remove()
+    cache = []
+    cached_run = model(ids, attention_mask=mask, return_hidden=True, kv_cache=cache)
+    assert torch.equal(cached_run, full) and len(cache) == len(blocks)
+    cos, sin = rope_cos_sin(ids.shape[1], model.config.head_dim, model.config.rope_theta, ids.device)
+    for block, x, [(k, v)] in zip(blocks, inputs, cache):
+        n = block.attn_norm(x)
+        B, L, _ = x.shape
+        k_ref = apply_rope(block.k_proj(n).view(B, L, block.n_kv_heads, -1).transpose(1, 2), cos, sin)
+        v_ref = block.v_proj(n).view(B, L, block.n_kv_heads, -1).transpose(1, 2)
+        assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
+    for s, e in ((0, 4), (3, 7), (6, ids.shape[1])):
+        span = model(ids[:, s:e], attention_mask=mask, return_hidden=True, kv_cache=cache, start=s)
+        torch.testing.assert_close(span, full[:, s:e], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("kw", [dict(steps=16, block_length=4), dict(steps=8, block_length=8),
+                                dict(steps=8, block_length=4, cfg_scale=1.5),
+                                dict(steps=8, block_length=4, temperature=0.7)], ids=["b4", "b8", "cfg", "temp"])
+def test_a_cache_rebuilt_every_step_gives_the_exact_tokens(cache, kw):
+    model = float64_model()
+    ids, mask = padded_batch()
+    exact = generate(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3), **kw)
+    cached = generate(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3), cache=cache,
+                      refresh_cache_every_step=True, **kw)
+    assert torch.equal(cached, exact)
+    assert not (exact == MASK).any()
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_one_step_per_block_never_reads_the_cache(cache):
+    """A block's first step is a full forward (it builds the cache): with one step per block the cached sampler is
+    the exact one. With more steps the later ones read stale keys and values, and the tokens may differ, but every
+    mask is filled and the prompt kept."""
+    model = float64_model()
+    ids, mask = padded_batch()
+    kw = dict(steps=4, gen_length=16, block_length=4)
+    assert torch.equal(generate(model, ids, mask, cache=cache, **kw), generate(model, ids, mask, **kw))
+    out = generate(model, ids, mask, steps=16, gen_length=16, block_length=4, cache=cache)
+    assert torch.equal(out[:, :ids.shape[1]], ids) and not (out == MASK).any()
+
+
+def unmasked_per_step(monkeypatch, **kw):
+    """Run generate and return, per step, how many tokens each row unmasked."""
+    counts, real = [], sample.transfer_index
+
+    def record(confidence, k):
+        chosen = real(confidence, k)
+        counts.append(chosen.sum(1).tolist())
+        return chosen
+    monkeypatch.setattr(sample, "transfer_index", record)
+    generate(float64_model(), *padded_batch(), gen_length=16, **kw)
+    monkeypatch.undo()
+    return counts
+
+
+@pytest.mark.parametrize("steps,block_length", [(16, 4), (8, 4), (4, 16)])
+def test_without_a_threshold_the_cached_sampler_keeps_the_exact_schedule(monkeypatch, steps, block_length):
+    exact = unmasked_per_step(monkeypatch, steps=steps, block_length=block_length)
+    assert len(exact) == steps
+    for cache in ("prefix", "dual"):
+        assert unmasked_per_step(monkeypatch, steps=steps, block_length=block_length, cache=cache) == exact
+
+
+def test_threshold_unmasks_every_confident_token_and_ends_blocks_early():
+    model = float64_model()
+    ids, mask = padded_batch()
+    calls = []
+    hook = model.register_forward_hook(lambda m, args, out: calls.append(1))
+    out = generate(model, ids, mask, steps=16, gen_length=16, block_length=4, threshold=0.0)
+    assert len(calls) == 4  # every candidate beats 0: each block in one step
+    assert not (out == MASK).any()
+    calls.clear()
+    # a threshold nothing reaches: one token per step, the most confident: the exact sampler with one per step
+    out = generate(model, ids, mask, steps=16, gen_length=16, block_length=4, threshold=1 - 1e-12)
+    hook.remove()
+    assert len(calls) == 16
+    assert torch.equal(out, generate(model, ids, mask, steps=16, gen_length=16, block_length=4))
+    for cache in ("prefix", "dual"):  # with a cache too: fewer steps, every mask filled
+        fast = generate(model, ids, mask, steps=16, gen_length=16, block_length=4, threshold=0.5, cache=cache)
+        assert not (fast == MASK).any() and torch.equal(fast[:, :ids.shape[1]], ids)
+
+
+def test_per_row_generators_make_a_rows_noise_independent_of_its_batch():
+    model = float64_model()
+    ids, mask = padded_batch()
+    seeds = [11, 12, 13]
+    together = generate(model, ids, mask, steps=8, gen_length=8, block_length=4, temperature=1.0,
+                        generator=[torch.Generator().manual_seed(s) for s in seeds])
+    for r in range(3):
+        alone = generate(model, ids[r:r + 1], mask[r:r + 1], steps=8, gen_length=8, block_length=4,
+                         temperature=1.0, generator=[torch.Generator().manual_seed(seeds[r])])
+        assert torch.equal(alone, together[r:r + 1])
+
+
+def test_bad_fast_options_are_refused():
+    model = float64_model()
+    ids = random_prompts(1, 4, 0)
+    with pytest.raises(ValueError, match="cache='full'"):
+        generate(model, ids, gen_length=4, steps=4, block_length=4, cache="full")
+    with pytest.raises(ValueError, match="threshold=1.5"):
+        generate(model, ids, gen_length=4, steps=4, block_length=4, threshold=1.5)
+    with pytest.raises(ValueError, match="2 generators for 1 rows"):
+        generate(model, ids, gen_length=4, steps=4, block_length=4, generator=[torch.Generator()] * 2)
+
+
+@pytest.mark.parametrize("cache", [None, "prefix", "dual"])
+def test_what_each_mode_runs_at_each_step(cache):
+    """Exact: the whole sequence at every step. Prefix: the whole sequence at a block's first step, then the block
+    and everything after it. Dual: the whole sequence at a block's first step, then the block only."""
+    model = float64_model()
+    ids, mask = padded_batch()  # P = 9
+    lengths = []
+    hook = model.register_forward_pre_hook(lambda m, args: lengths.append(args[0].shape[1]))
+    generate(model, ids, mask, steps=8, gen_length=8, block_length=4, cache=cache)  # 2 blocks x 4 steps, L = 17
+    hook.remove()
+    P, L = 9, 17
+    want = {None: [L] * 8,
+            "prefix": [L, L - P, L - P, L - P, L, L - P - 4, L - P - 4, L - P - 4],
+            "dual": [L, 4, 4, 4, L, 4, 4, 4]}[cache]
+    assert lengths == want
