@@ -24,6 +24,7 @@ import re
 import statistics
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -560,57 +561,88 @@ def _dist():
     return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
 
 
+def item_generator(seed, index, device):
+    """The sampling noise of item `index` under `seed` (temperature > 0) comes from its own generator: a resumed
+    or re-batched run draws the same noise for it."""
+    return torch.Generator(device).manual_seed(seed * 1_000_003 + index)
+
+
 @torch.no_grad()
 def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_length=BLOCK_LENGTH, batch_size=8,
-             prompt_style="d1", shots=(), temperature=0.0, seed=0, log=False):
+             prompt_style="d1", shots=(), temperature=0.0, seed=0, log=False, cache=None, threshold=None, done=None,
+             on_batch=None):
     """Generate an answer for every item and grade it. Returns (accuracy in %, records sorted by item) on rank 0
     and (None, None) on the other ranks; without torch.distributed (or one rank) it is a plain function.
 
-    Rank r takes items r, r + W, r + 2W, ... and rank 0 gathers. Prompts are left-padded (pad_token_id) with an
-    attention mask. Every rank runs the same number of batches (a short rank repeats item 0 and drops the result),
-    so a sharded model (FSDP) keeps its collectives in step. The generated part is decoded with special tokens kept
-    ("<|eot_id|>", "<|endoftext|>"), as d1 stores and grades it. seed drives the sampling noise (temperature > 0).
+    The items are cut into fixed batches of batch_size consecutive items, batch k going to rank k % world: a batch
+    holds the same items whatever the number of ranks, so results do not depend on it. Prompts are left-padded
+    (pad_token_id) with an attention mask. Every rank runs the same number of batches (a rank with none left
+    repeats item 0 and drops the result), so a sharded model (FSDP) keeps its collectives in step. The generated
+    part is decoded with special tokens kept ("<|eot_id|>", "<|endoftext|>"), as d1 stores and grades it.
+    Each item's sampling noise (temperature > 0) comes from item_generator(seed, index).
+    cache, threshold: sample.generate's fast options (None, None = the exact official sampler).
+    done: {index: record} already graded (a resumed run): a batch whose items are all done is not generated again.
+    on_batch(records): called on rank 0 with each round's new records, as soon as they exist (streaming).
+    log: one progress line per round on rank 0: items done, generated tokens/s, running accuracy, ETA.
     Under NCCL each rank must have called torch.cuda.set_device(local_rank) first (gather_object needs it).
     """
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
     gen_length = gen_length or GEN_LENGTH[task]
     steps = steps or gen_length // 2
+    if batch_size < 1:
+        raise ValueError(f"eval.py evaluate: batch_size {batch_size}: must be at least 1")
     rank, world = _dist()
     raw = getattr(model, "module", model)  # DDP: call the real module (its forward would sync buffers)
-    was_training = raw.training
-    raw.eval()  # LoRA dropout off
     device = next(raw.parameters()).device
     pad_id = raw.config.pad_token_id
-    generator = torch.Generator(device).manual_seed(seed * 1000 + rank)
-
-    mine = list(range(rank, len(items), world))
-    n_batches = math.ceil(math.ceil(len(items) / world) / batch_size)  # the same on every rank
-    records, start = [], time.time()
-    for b in range(n_batches):
-        idx = mine[b * batch_size:(b + 1) * batch_size]
-        ids = [encode(tokenizer, build_prompt(task, items[i], prompt_style, shots)) for i in idx or [0]]
+    prompts = [encode(tokenizer, build_prompt(task, item, prompt_style, shots)) for item in items]
+    context = raw.config.max_sequence_length
+    for i, ids in enumerate(prompts):
+        if len(ids) + gen_length > context:
+            raise ValueError(f"eval.py: item {i}: its prompt of {len(ids)} tokens + --gen-length {gen_length} exceed "
+                             f"the model's max_sequence_length {context}; lower --gen-length or --shots")
+    done = dict(done or {})
+    todo = [k for k in range(math.ceil(len(items) / batch_size))
+            if not all(i in done for i in range(k * batch_size, min(len(items), (k + 1) * batch_size)))]
+    rounds = math.ceil(len(todo) / world)  # the same on every rank
+    was_training = raw.training
+    raw.eval()  # LoRA dropout off
+    records, start, generated = list(done.values()), time.time(), 0
+    for round_ in range(rounds):
+        k = todo[round_ * world + rank] if round_ * world + rank < len(todo) else None
+        idx = list(range(k * batch_size, min(len(items), (k + 1) * batch_size))) if k is not None else []
+        ids = [prompts[i] for i in idx or [0]]
         P = max(len(x) for x in ids)
         prompt = torch.full((len(ids), P), pad_id, dtype=torch.long)  # (B, P), left-padded
         attention_mask = torch.zeros((len(ids), P), dtype=torch.long)  # (B, P), 1 = real token
         for r, x in enumerate(ids):
             prompt[r, P - len(x):] = torch.tensor(x, dtype=torch.long)
             attention_mask[r, P - len(x):] = 1
+        generators = [item_generator(seed, i, device) for i in idx or [0]] if temperature > 0 else None
         out = generate(raw, prompt.to(device), attention_mask=attention_mask.to(device), steps=steps,
                        gen_length=gen_length, block_length=block_length, temperature=temperature,
-                       remasking="low_confidence", generator=generator)  # (B, P + gen_length)
+                       remasking="low_confidence", generator=generators, cache=cache,
+                       threshold=threshold)  # (B, P + gen_length)
+        new = []
         for r, i in enumerate(idx):
             text = tokenizer.decode(out[r, P:].tolist(), skip_special_tokens=False)
-            gold = {k: v for k, v in items[i].items() if k not in ("question", "reasoning")}
-            records.append(dict(index=i, question=items[i]["question"], generation=text, **gold,
-                                **grade(task, text, items[i])))
+            gold = {key: v for key, v in items[i].items() if key not in ("question", "reasoning")}
+            new.append(dict(index=i, seed=seed, question=items[i]["question"], generation=text, **gold,
+                            **grade(task, text, items[i])))
+        if world > 1:  # rank 0 gathers every round, so that it can stream them
+            gathered = [None] * world if rank == 0 else None
+            dist.gather_object(new, gathered, dst=0)
+            new = [r for part in gathered for r in part] if rank == 0 else []
+        records += new
+        generated += len(new) * gen_length
+        if rank == 0 and on_batch and new:
+            on_batch(new)
         if log and rank == 0:
-            print(f"  batch {b + 1}/{n_batches} ({time.time() - start:.0f}s)", flush=True)
-
-    if world > 1:
-        gathered = [None] * world if rank == 0 else None
-        dist.gather_object(records, gathered, dst=0)
-        records = [r for part in gathered for r in part] if rank == 0 else None
+            elapsed = time.time() - start
+            eta = elapsed / (round_ + 1) * (rounds - round_ - 1)
+            print(f"  seed {seed}: {len(records)}/{len(items)} items, {generated / max(elapsed, 1e-9):.0f} tokens/s, "
+                  f"accuracy so far {accuracy(task, records):.1f}%, ETA {eta / 60:.1f} min", flush=True)
     raw.train(was_training)
     if rank != 0:
         return None, None
@@ -619,6 +651,49 @@ def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_l
 
 
 # -----------------------------------------------------------------------------
+# The command line: streaming, resumable results
+
+
+def read_records(path, settings):
+    """The graded records already in `path` (JSON lines), after a check that they were made with `settings`. A torn
+    last line (a kill in mid-write) is cut off the file. {(seed, index): record}."""
+    if not path.exists():
+        return {}
+    records, good_bytes = {}, 0
+    with open(path, "rb") as f:
+        lines = f.readlines()
+    for n, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            if n == len(lines):  # torn by a kill: drop it, the batch is generated again
+                break
+            raise ValueError(f"{path}, line {n}: not a JSON record; move the file away to start over")
+        changed = {k: (record.get("settings", {}).get(k), v) for k, v in settings.items()
+                   if record.get("settings", {}).get(k) != v}
+        if changed:
+            what = ", ".join(f"{k} {old!r} in the file, {new!r} now" for k, (old, new) in changed.items())
+            raise SystemExit(f"eval.py: {path} holds generations made with other settings ({what}); use another "
+                             "--out, or delete the file to start over")
+        records[record["seed"], record["index"]] = record
+        good_bytes += len(line)
+    if good_bytes < sum(len(line) for line in lines):
+        with open(path, "r+b") as f:
+            f.truncate(good_bytes)
+    return records
+
+
+def append_records(path, records, settings):
+    """One JSON line per graded item (with the settings), flushed to disk before the next batch starts."""
+    try:
+        with open(path, "a") as f:
+            for r in records:
+                f.write(json.dumps(dict(r, settings=settings)) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise OSError(e.errno, f"eval.py: cannot write {path} ({e.strerror}); the items before this batch are "
+                               "saved, rerun the same command to continue") from e
 
 
 def main(argv=None):
@@ -639,27 +714,77 @@ def main(argv=None):
     p.add_argument("--block-length", type=int, default=BLOCK_LENGTH, help="semi-autoregressive block length")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call on each rank")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the protocol)")
+    p.add_argument("--cache", choices=("none", "prefix", "dual"), default="none",
+                   help="fast sampler: Fast-dLLM's key/value cache (none = the exact sampler, the paper's numbers)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="fast sampler: unmask every token more confident than this (parallel decoding; e.g. 0.9)")
+    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
+                   help="weights dtype (auto: bfloat16 on GPU, float32 on CPU)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N items (a quick check)")
     p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="d1",
                    help="d1: instruction + question, then '<reasoning>'; plain: the question alone (embedded task)")
-    p.add_argument("--out", default=None, help="JSON file for all generations with their grades")
+    p.add_argument("--out", default=None, help="summary JSON file; every graded item streams to the same name with "
+                                                ".jsonl as its batch finishes, and rerunning the command continues")
+    p.add_argument("--log-every", type=int, default=1, help="batches between progress lines")
     args = p.parse_args(argv)
     if args.shots and not args.shot_data:
         p.error("--shots needs --shot-data (a file to take the solved examples from)")
+    for flag in ("limit", "batch_size", "gen_length", "steps", "block_length", "log_every"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            p.error(f"--{flag.replace('_', '-')} {value}: must be at least 1")
+    if args.threshold is not None and not 0 <= args.threshold < 1:
+        p.error(f"--threshold {args.threshold}: a confidence in [0, 1)")
+    out = records_path = None
+    if args.out:  # checked before the model loads
+        out = Path(args.out)
+        if out.is_dir() or out.suffix == ".jsonl":
+            p.error(f"--out {args.out}: name the summary .json file (the records go beside it, in a .jsonl)")
+        records_path = out.with_suffix(".jsonl")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            open(records_path, "a").close()
+        except OSError as e:
+            p.error(f"--out {args.out}: cannot write {records_path} ({e.strerror})")
 
     # torchrun sets WORLD_SIZE / LOCAL_RANK; a plain `python eval.py` is one process
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
-        device, dtype = torch.device("cuda", local_rank), torch.bfloat16
+        device = torch.device("cuda", local_rank)
     else:
-        device, dtype = torch.device("cpu"), torch.float32
+        device = torch.device("cpu")
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
+             "float32": torch.float32}[args.dtype]
     if distributed:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank = _dist()[0]
 
     from model import LLaDA, load_adapter, merge_lora  # only the command line needs the model code
+
+    items = load_benchmark(args.task, args.data)[:args.limit]
+    shot_items = load_benchmark(args.task, args.shot_data) if args.shots else []
+    gen_length = args.gen_length or GEN_LENGTH[args.task]
+    steps = args.steps or gen_length // 2
+    cache = None if args.cache == "none" else args.cache
+    settings = dict(task=args.task, model=os.path.abspath(args.model),
+                    adapter=args.adapter and os.path.abspath(args.adapter), data=os.path.abspath(args.data),
+                    gen_length=gen_length, steps=steps, block_length=args.block_length, batch_size=args.batch_size,
+                    shots=args.shots, shot_data=args.shot_data and os.path.abspath(args.shot_data),
+                    prompt_style=args.prompt_style, temperature=args.temperature, cache=cache,
+                    threshold=args.threshold, dtype=str(dtype).replace("torch.", ""))
+    finished = {}
+    if records_path and rank == 0:
+        finished = read_records(records_path, settings)
+        if finished:
+            print(f"{records_path}: {len(finished)} graded items found; generating the rest", flush=True)
+    elif rank == 0:
+        print("no --out: the generations are not saved, and an interrupted run cannot continue", flush=True)
+    if distributed:
+        box = [finished]
+        dist.broadcast_object_list(box, src=0)
+        finished = box[0]
 
     model = LLaDA.from_pretrained(args.model, dtype=dtype, device=device)
     if args.adapter:
@@ -667,38 +792,38 @@ def main(argv=None):
         merge_lora(model.to(device))  # one weight per layer: faster sampling, same function
     model.eval()
     tokenizer = load_tokenizer(args.model)
-    items = load_benchmark(args.task, args.data)[:args.limit]
-    shot_items = load_benchmark(args.task, args.shot_data) if args.shots else []
-    gen_length = args.gen_length or GEN_LENGTH[args.task]
-    steps = args.steps or gen_length // 2
 
     runs = []
     for seed in args.seeds:
         if rank == 0:
             print(f"{args.task}: {len(items)} items, seed {seed}, gen_length {gen_length}, steps {steps}, "
-                  f"block {args.block_length}, {args.shots}-shot, {args.prompt_style} prompts", flush=True)
+                  f"block {args.block_length}, {args.shots}-shot, {args.prompt_style} prompts, sampler "
+                  f"{'exact' if cache is None and args.threshold is None else f'cache {args.cache}, threshold {args.threshold}'}",
+                  flush=True)
+        done = {i: r for (s, i), r in finished.items() if s == seed and i < len(items)}
         acc, records = evaluate(model, tokenizer, items, args.task, gen_length=gen_length, steps=steps,
                                 block_length=args.block_length, batch_size=args.batch_size,
                                 prompt_style=args.prompt_style, shots=pick_shots(shot_items, args.shots, seed),
-                                temperature=args.temperature, seed=seed, log=True)
+                                temperature=args.temperature, seed=seed, log=True, cache=cache,
+                                threshold=args.threshold, done=done,
+                                on_batch=(lambda new: append_records(records_path, new, settings)) if records_path
+                                else None)
         if rank == 0:
             print(f"seed {seed}: accuracy {acc:.2f}%", flush=True)
-            runs.append(dict(seed=seed, accuracy=acc, records=records))
+            runs.append(dict(seed=seed, accuracy=acc, records=[{k: v for k, v in r.items() if k != "settings"}
+                                                               for r in records]))
 
     if rank == 0:
         accs = [r["accuracy"] for r in runs]
         mean, std = statistics.mean(accs), (statistics.stdev(accs) if len(accs) > 1 else 0.0)  # sample std
         print(f"{args.task} accuracy: {mean:.2f}" + (f" +- {std:.2f} (std over {len(accs)} seeds)" if len(accs) > 1
                                                       else "") + " %")
-        if args.out:
-            result = dict(task=args.task, model=args.model, adapter=args.adapter, data=args.data,
-                          gen_length=gen_length, diffusion_steps=steps, block_length=args.block_length,
-                          shots=args.shots, shot_data=args.shot_data, prompt_style=args.prompt_style,
-                          temperature=args.temperature, accuracy_mean=mean, accuracy_std=std, runs=runs)
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
-            print(f"wrote {args.out}")
+        if out:
+            result = dict(settings, accuracy_mean=mean, accuracy_std=std, n_items=len(items), runs=runs)
+            tmp = out.with_name(out.name + ".tmp")
+            tmp.write_text(json.dumps(result, indent=1))
+            os.replace(tmp, out)
+            print(f"wrote {out} (every graded item: {records_path})")
     if distributed:
         dist.destroy_process_group()
 

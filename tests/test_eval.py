@@ -464,3 +464,136 @@ def test_evaluate_two_ranks_equals_one_process(tmp_path, one_thread):
     acc1, records1 = E.evaluate(model.double(), tokenizer, items, "countdown", gen_length=16, steps=8,
                                 block_length=8, batch_size=2, prompt_style="plain")
     assert acc2 == acc1 and records2 == json.loads(json.dumps(records1))
+
+
+# -----------------------------------------------------------------------------
+# The command line streams every graded item and continues where it stopped
+
+
+def sudoku_checkpoint(tmp_path, n_items, max_sequence_length=None):
+    """A tiny random model folder and a Sudoku CSV of n_items puzzles."""
+    import data
+    model, tokenizer = tiny_model_and_tokenizer()
+    if max_sequence_length:
+        model.config.max_sequence_length = max_sequence_length
+    model.save_pretrained(tmp_path / "ckpt")
+    tokenizer.save(str(tmp_path / "ckpt" / "tokenizer.json"))
+    pairs, _ = data.sudoku_split(n_items, 0, n_blanks=6, seed=3)
+    (tmp_path / "sudoku.csv").write_text("Puzzle,Solution\n" + "".join(f"{p},{s}\n" for p, s in pairs))
+    return ["--model", str(tmp_path / "ckpt"), "--task", "sudoku", "--data", str(tmp_path / "sudoku.csv"),
+            "--prompt-style", "plain", "--gen-length", "24", "--steps", "12", "--block-length", "8"]
+
+
+def record_lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("temperature", ["0", "0.8"])
+def test_kill_9_mid_eval_then_rerun_equals_an_uninterrupted_run(tmp_path, temperature):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from conftest import REPO
+    argv = sudoku_checkpoint(tmp_path, 80) + ["--batch-size", "2", "--seeds", "0", "1", "--temperature",
+                                                temperature]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(REPO / "eval.py")] + argv
+    straight = subprocess.run(cmd + ["--out", str(tmp_path / "straight.json")], env=env, capture_output=True,
+                              text=True, timeout=300)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    cut = tmp_path / "cut.json"
+    proc = subprocess.Popen(cmd + ["--out", str(cut)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(cut.with_suffix(".jsonl").read_bytes().splitlines()
+                                         if cut.with_suffix(".jsonl").exists() else []) < 10:
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    kept = len(record_lines(cut.with_suffix(".jsonl"))) if cut.with_suffix(".jsonl").exists() else 0
+    assert 10 <= kept < 160 and not cut.exists()  # killed mid-run: some items saved, no summary yet
+    rerun = subprocess.run(cmd + ["--out", str(cut)], env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    found = int(rerun.stdout.split(" graded items found")[0].rsplit(" ", 1)[1])
+    assert found >= kept - 1 and found % 2 == 0  # whole batches kept (a torn last line is dropped)
+    a, b = json.loads((tmp_path / "straight.json").read_text()), json.loads(cut.read_text())
+    assert a["runs"] == b["runs"] and a["accuracy_mean"] == b["accuracy_mean"]
+    lines = record_lines(cut.with_suffix(".jsonl"))
+    assert sorted((r["seed"], r["index"]) for r in lines) == [(s, i) for s in (0, 1) for i in range(80)]
+    if temperature != "0":  # the noise is drawn: the two seeds differ somewhere
+        assert a["runs"][0]["records"] != a["runs"][1]["records"]
+
+
+def test_a_rerun_with_other_settings_is_refused_naming_them(tmp_path, one_thread):
+    argv = sudoku_checkpoint(tmp_path, 4) + ["--out", str(tmp_path / "r.json")]
+    E.main(argv + ["--batch-size", "2"])
+    before = (tmp_path / "r.jsonl").read_text()
+    with pytest.raises(SystemExit, match="batch_size 2 in the file, 3 now"):
+        E.main(argv + ["--batch-size", "3"])
+    with pytest.raises(SystemExit, match="cache None in the file, 'dual' now"):
+        E.main(argv + ["--batch-size", "2", "--cache", "dual"])
+    assert (tmp_path / "r.jsonl").read_text() == before
+    E.main(argv + ["--batch-size", "2"])  # the same settings: nothing to generate, the same file
+    assert (tmp_path / "r.jsonl").read_text() == before
+
+
+def test_records_stream_batch_by_batch_with_their_settings(tmp_path, one_thread, capsys):
+    argv = sudoku_checkpoint(tmp_path, 5) + ["--batch-size", "2", "--out", str(tmp_path / "r.json"),
+                                             "--cache", "dual", "--threshold", "0.5"]
+    seen = []
+    real = E.append_records
+
+    def spy(path, records, settings):
+        seen.append([r["index"] for r in records])
+        real(path, records, settings)
+    E.append_records = spy
+    try:
+        E.main(argv)
+    finally:
+        E.append_records = real
+    assert seen == [[0, 1], [2, 3], [4]]
+    lines = record_lines(tmp_path / "r.jsonl")
+    assert [r["index"] for r in lines] == [0, 1, 2, 3, 4]
+    assert all(r["settings"]["cache"] == "dual" and r["settings"]["threshold"] == 0.5 for r in lines)
+    assert {"index", "seed", "question", "generation", "correct_cells"} <= set(lines[0])
+    out = capsys.readouterr().out
+    assert "5/5 items" in out and "tokens/s" in out and "accuracy so far" in out and "ETA" in out
+
+
+BAD_EVAL_FLAGS = [
+    (["--limit", "0"], "--limit 0: must be at least 1"),
+    (["--batch-size", "0"], "--batch-size 0: must be at least 1"),
+    (["--gen-length", "0"], "--gen-length 0: must be at least 1"),
+    (["--steps", "-2"], "--steps -2: must be at least 1"),
+    (["--threshold", "1"], "--threshold 1.0: a confidence in [0, 1)"),
+    (["--cache", "full"], "invalid choice: 'full'"),
+]
+
+
+@pytest.mark.parametrize("flags,message", BAD_EVAL_FLAGS, ids=[" ".join(f) for f, _ in BAD_EVAL_FLAGS])
+def test_bad_eval_flags_are_refused_before_the_model_loads(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        E.main(["--model", "no-such-folder", "--task", "sudoku", "--data", "x.csv", *flags])
+    assert message in capsys.readouterr().err
+
+
+def test_out_is_checked_before_the_model_loads(tmp_path, capsys):
+    for out, message in ((tmp_path, "name the summary .json file"), (tmp_path / "r.jsonl", "name the summary"),
+                         (tmp_path / "file" / "r.json", "cannot write")):
+        (tmp_path / "file").write_text("a file, not a folder")
+        with pytest.raises(SystemExit):
+            E.main(["--model", "no-such-folder", "--task", "sudoku", "--data", "x.csv", "--out", str(out)])
+        assert message in capsys.readouterr().err
+
+
+def test_a_full_disk_names_the_file():
+    with pytest.raises(OSError, match="cannot write /dev/full"):
+        E.append_records(__import__("pathlib").Path("/dev/full"), [dict(index=0)], {})
+
+
+def test_a_prompt_longer_than_the_context_is_refused(tmp_path, one_thread):
+    argv = sudoku_checkpoint(tmp_path, 2, max_sequence_length=64)
+    with pytest.raises(ValueError, match="item 0: its prompt of .* tokens \\+ --gen-length 24 exceed the model's "
+                                         "max_sequence_length 64"):
+        E.main(argv)
