@@ -273,11 +273,20 @@ def main(argv=None):
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--cfg-scale", type=float, default=0.0, help="classifier-free guidance scale (0 = off)")
     p.add_argument("--remasking", choices=REMASKING, default="low_confidence", help="remasking strategy")
+    p.add_argument("--cache", choices=("none", "prefix", "dual"), default="none",
+                   help="fast sampler: Fast-dLLM's key/value cache (none = the exact official sampler)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="fast sampler: unmask every token more confident than this (parallel decoding; e.g. 0.9)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                    help="weights dtype (default: bfloat16 on cuda, float32 on cpu)")
     args = p.parse_args(argv)
+    for flag in ("gen_length", "steps", "block_length"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
+    if args.threshold is not None and not 0 <= args.threshold < 1:
+        p.error(f"--threshold {args.threshold}: a confidence in [0, 1)")
 
     # only the command line needs the model and tokenizer code; generate() above needs torch alone
     from data import chat_prompt, encode, load_tokenizer
@@ -294,10 +303,14 @@ def main(argv=None):
 
     def reply(text):
         ids = encode(tokenizer, text)  # the chat text carries its own special tokens; nothing is added
+        if len(ids) + args.gen_length > model.config.max_sequence_length:
+            raise SystemExit(f"sample.py: the prompt of {len(ids)} tokens + --gen-length {args.gen_length} exceed the "
+                             f"model's max_sequence_length {model.config.max_sequence_length}")
         prompt = torch.tensor([ids], dtype=torch.long, device=args.device)
         out = generate(model, prompt, steps=args.steps or args.gen_length, gen_length=args.gen_length,
                        block_length=block_length, temperature=args.temperature, cfg_scale=args.cfg_scale,
-                       remasking=args.remasking, generator=generator)
+                       remasking=args.remasking, generator=generator,
+                       cache=None if args.cache == "none" else args.cache, threshold=args.threshold)
         return decode_until_stop(tokenizer, out[0, len(ids):].tolist())
 
     if args.prompt is not None:

@@ -1,6 +1,9 @@
-"""Tokens per second of sample.generate against the official LLaDA sampler, same model, same tokens.
+"""Tokens per second of sample.generate against the official LLaDA sampler, same model, same tokens; then the
+opt-in fast sampler (Fast-dLLM's prefix / dual key-value cache and confidence-threshold parallel decoding) against
+the exact one, with the share of tokens that agree and, on a trained Sudoku model, what the speed costs in accuracy.
 
     python bench/sampler.py             # head-heavy (vocab 126464, d_model 128) and body-heavy configs, CPU
+    python bench/sampler.py --sudoku-model runs/sudoku-tiny/checkpoints/step-0003750/model   # + held-out accuracy
     python bench/sampler.py --smoke     # tiny shapes, one repetition (tests/test_bench.py runs this)
     python bench/sampler.py --device cuda --dtype bfloat16
 
@@ -27,12 +30,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the repo's top-level files are plain modules
+sys.path.insert(0, str(REPO / "tests"))  # the official sampler's transcription lives with the tests (the oracle)
 from model import LLaDA, LLaDAConfig  # noqa: E402
+from official_sampler import official_generate  # noqa: E402
 from sample import generate  # noqa: E402
 
 CONFIGS = {  # name: model shapes
@@ -45,84 +49,16 @@ SMOKE_CONFIGS = {
 }
 LLADA_8B = dict(vocab=126464, d_model=4096, n_heads=32, n_layers=32, mlp=12288)  # projected, not run
 DEFAULTS = dict(batch=2, prompt_len=64, gen_length=256, block_length=32, steps=128, repeats=3)
+# the fast sampler: its modes (name, cache, threshold; 0.9 is Fast-dLLM's default threshold) and the shapes it is
+# timed at, on the body-heavy model: the body-heavy bench shape, and d1's evaluation shape (prompt ~200, gen 256)
+THRESHOLD = 0.9
+FAST_MODES = [("exact", None, None), ("prefix", "prefix", None), ("dual", "dual", None),
+              ("exact+threshold", None, THRESHOLD), ("prefix+threshold", "prefix", THRESHOLD),
+              ("dual+threshold", "dual", THRESHOLD)]
+FAST_SHAPES = {"body-heavy": dict(prompt_len=64, gen_length=256, block_length=32, steps=128),
+               "d1 eval shape": dict(prompt_len=200, gen_length=256, block_length=32, steps=128)}
+SMOKE_FAST_SHAPES = {"body-heavy": dict(prompt_len=8, gen_length=32, block_length=8, steps=16)}
 SMOKE = dict(batch=2, prompt_len=8, gen_length=32, block_length=8, steps=16, repeats=1)
-
-# -----------------------------------------------------------------------------
-# The reference: the official generate.py, line for line. Changed, marked "# changed": the random draws take a
-# generator; CFG without an attention mask passes None (the official code raises a NameError there); the model
-# returns logits itself instead of an output object with .logits; tensors go to the prompt's device.
-
-
-def official_add_gumbel_noise(logits, temperature, generator=None):
-    if temperature == 0:
-        return logits
-    logits = logits.to(torch.float64)
-    noise = torch.rand(logits.shape, dtype=torch.float64, device=logits.device, generator=generator)  # changed
-    gumbel_noise = (- torch.log(noise)) ** temperature
-    return logits.exp() / gumbel_noise
-
-
-def official_get_num_transfer_tokens(mask_index, steps):
-    mask_num = mask_index.sum(dim=1, keepdim=True)
-    base = mask_num // steps
-    remainder = mask_num % steps
-    num_transfer_tokens = torch.zeros(mask_num.size(0), steps, device=mask_index.device, dtype=torch.int64) + base
-    for i in range(mask_num.size(0)):
-        num_transfer_tokens[i, :remainder[i]] += 1
-    return num_transfer_tokens
-
-
-@torch.no_grad()
-def official_generate(model, prompt, attention_mask=None, steps=128, gen_length=128, block_length=128,
-                      temperature=0., cfg_scale=0., remasking='low_confidence', mask_id=126336, generator=None):
-    device = prompt.device  # changed: model.device
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long).to(device)
-    x[:, :prompt.shape[1]] = prompt.clone()
-    if attention_mask is not None:
-        attention_mask = torch.cat([attention_mask, torch.ones((prompt.shape[0], gen_length),
-                                                               dtype=attention_mask.dtype, device=device)], dim=-1)
-    prompt_index = (x != mask_id)
-    assert gen_length % block_length == 0
-    num_blocks = gen_length // block_length
-    assert steps % num_blocks == 0
-    steps = steps // num_blocks
-    for num_block in range(num_blocks):
-        block_mask_index = (x[:, prompt.shape[1] + num_block * block_length:
-                              prompt.shape[1] + (num_block + 1) * block_length:] == mask_id)
-        num_transfer_tokens = official_get_num_transfer_tokens(block_mask_index, steps)
-        for i in range(steps):
-            mask_index = (x == mask_id)
-            if cfg_scale > 0.:
-                un_x = x.clone()
-                un_x[prompt_index] = mask_id
-                x_ = torch.cat([x, un_x], dim=0)
-                attention_mask_ = None  # changed
-                if attention_mask is not None:
-                    attention_mask_ = torch.cat([attention_mask, attention_mask], dim=0)
-                logits = model(x_, attention_mask=attention_mask_)  # changed: no .logits
-                logits, un_logits = torch.chunk(logits, 2, dim=0)
-                logits = un_logits + (cfg_scale + 1) * (logits - un_logits)
-            else:
-                logits = model(x, attention_mask=attention_mask)  # changed: no .logits
-            logits_with_noise = official_add_gumbel_noise(logits, temperature=temperature, generator=generator)
-            x0 = torch.argmax(logits_with_noise, dim=-1)  # b, l
-            if remasking == 'low_confidence':
-                p = F.softmax(logits, dim=-1)
-                x0_p = torch.squeeze(torch.gather(p, dim=-1, index=torch.unsqueeze(x0, -1)), -1)  # b, l
-            elif remasking == 'random':
-                x0_p = torch.rand((x0.shape[0], x0.shape[1]), device=x0.device, generator=generator)  # changed
-            else:
-                raise NotImplementedError(remasking)
-            x0_p[:, prompt.shape[1] + (num_block + 1) * block_length:] = -np.inf
-            x0 = torch.where(mask_index, x0, x)
-            confidence = torch.where(mask_index, x0_p, -np.inf)
-            transfer_index = torch.zeros_like(x0, dtype=torch.bool, device=x0.device)
-            for j in range(confidence.shape[0]):
-                _, select_index = torch.topk(confidence[j], k=num_transfer_tokens[j, i])
-                transfer_index[j, select_index] = True
-            x[transfer_index] = x0[transfer_index]
-    return x
-
 
 # -----------------------------------------------------------------------------
 # FLOP model
@@ -206,6 +142,84 @@ def bench_config(name, shapes, a, device, dtype):
                 speedup_min=min(ratios), speedup_max=max(ratios), predicted=ref_f / ours_f)
 
 
+def bench_fast(name, shapes, shape, a, device, dtype):
+    """Every FAST_MODES mode on one model and prompt batch, interleaved (the order rotates each round): tokens/s,
+    speed-up over the exact sampler (median of the per-round ratios), and the share of generated tokens equal to
+    the exact sampler's."""
+    model = build_model(shapes, a.seed, device, dtype)
+    prompt = torch.randint(0, shapes["vocab"] - 2, (a.batch, shape["prompt_len"]),
+                           generator=torch.Generator().manual_seed(a.seed + 1)).to(device)
+    kw = dict(steps=shape["steps"], gen_length=shape["gen_length"], block_length=shape["block_length"])
+    times, outs = {m: [] for m, _, _ in FAST_MODES}, {}
+    for r in range(a.repeats):
+        order = FAST_MODES[r % len(FAST_MODES):] + FAST_MODES[:r % len(FAST_MODES)]
+        for mode, cache, threshold in order:
+            outs[mode], t = timed(lambda: generate(model, prompt, cache=cache, threshold=threshold, **kw), a.clock,
+                                  device)
+            times[mode].append(t)
+    P, tokens = shape["prompt_len"], a.batch * shape["gen_length"]
+    rows = []
+    for mode, cache, threshold in FAST_MODES:
+        ratios = [e / t for e, t in zip(times["exact"], times[mode])]
+        agree = float((outs[mode][:, P:] == outs["exact"][:, P:]).float().mean())
+        rows.append(dict(shape=name, mode=mode, tps=tokens / statistics.median(times[mode]),
+                         speedup=statistics.median(ratios), agreement=agree))
+    return rows
+
+
+def bench_sudoku(model_dir, a, device, dtype):
+    """Held-out Sudoku with every FAST_MODES mode: the embedded task's held-out puzzles (gift.build_embedded_task,
+    --seed 42 as gift.py's default) and its generation settings (gift.EMBEDDED_EVAL), graded by eval.py."""
+    import gift
+    from data import load_tokenizer
+    from eval import SUDOKU_QUESTION, evaluate
+    heldout = gift.build_embedded_task(42, a.sudoku_puzzles)[4]
+    items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
+    model = LLaDA.from_pretrained(model_dir, dtype=dtype, device=device).eval()
+    tokenizer = load_tokenizer(model_dir)
+    rows, exact = [], None
+    for mode, cache, threshold in FAST_MODES:
+        (acc, records), t = timed(lambda: evaluate(model, tokenizer, items, "sudoku", prompt_style="plain",
+                                                   cache=cache, threshold=threshold, **gift.EMBEDDED_EVAL),
+                                  a.clock, device)
+        exact = exact or records
+        solved = sum(r["correct_cells"] == r["empty_cells"] for r in records) / len(records)
+        same = sum(r["generation"] == e["generation"] for r, e in zip(records, exact)) / len(records)
+        rows.append(dict(mode=mode, seconds=t, cell_acc=acc, puzzle_acc=100 * solved, same=same,
+                         tps=len(items) * gift.EMBEDDED_EVAL["gen_length"] / t))
+    return rows
+
+
+def run_fast(a, device, dtype):
+    print(f"\nfast sampler (sample.generate cache= / threshold={THRESHOLD}) vs the exact sampler, body-heavy model, "
+          f"batch {a.batch}, greedy, random weights; agreement = share of generated tokens equal to the exact "
+          "sampler's")
+    header = f"{'shape':14} {'P':>4} {'gen':>4} {'mode':17} {'tok/s':>8} {'speedup':>8} {'agreement':>9}"
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for name, shape in (SMOKE_FAST_SHAPES if a.smoke else FAST_SHAPES).items():
+        for r in bench_fast(name, (SMOKE_CONFIGS if a.smoke else CONFIGS)["body-heavy"], shape, a, device, dtype):
+            rows.append(r)
+            print(f"{name:14} {shape['prompt_len']:4} {shape['gen_length']:4} {r['mode']:17} {r['tps']:8.1f} "
+                  f"{r['speedup']:8.2f} {r['agreement']:9.3f}")
+    best = max((r for r in rows if r["shape"] == "body-heavy"), key=lambda r: r["speedup"])
+    print(f"targets: fast sampler >= 3x the exact one at the body-heavy shape: {best['speedup']:.2f} ({best['mode']}): "
+          f"{'yes' if best['speedup'] >= 3 else 'NO'}")
+    if a.sudoku_model:
+        print(f"\nheld-out Sudoku ({a.sudoku_puzzles} puzzles of the embedded task, 8 blanks), {a.sudoku_model}; "
+              "same = share of answers identical to the exact sampler's")
+        header = f"{'mode':17} {'seconds':>8} {'tok/s':>8} {'speedup':>8} {'cells %':>8} {'puzzles %':>9} {'same':>6}"
+        print(header)
+        print("-" * len(header))
+        sudoku = bench_sudoku(a.sudoku_model, a, device, dtype)
+        for r in sudoku:
+            print(f"{r['mode']:17} {r['seconds']:8.1f} {r['tps']:8.1f} {sudoku[0]['seconds'] / r['seconds']:8.2f} "
+                  f"{r['cell_acc']:8.1f} {r['puzzle_acc']:9.1f} {r['same']:6.3f}")
+        rows += [dict(r, shape="sudoku") for r in sudoku]
+    return rows
+
+
 def run(a):
     torch.set_num_threads(a.threads)
     device, dtype = torch.device(a.device), getattr(torch, a.dtype)
@@ -234,7 +248,7 @@ def run(a):
     if head:
         print(f"targets: head-heavy speedup {head['speedup']:.2f} >= 3: "
               f"{'yes' if head['speedup'] >= 3 else 'NO'}")
-    return rows
+    return rows + run_fast(a, device, dtype)
 
 
 def parse_args(argv=None):
@@ -248,6 +262,9 @@ def parse_args(argv=None):
                    help="cpu: process CPU time (default on CPU, with --threads 1); wall: wall-clock (CUDA default)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 with --clock cpu)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sudoku-model", default=None, help="a trained embedded-task model folder (gift.py's default run): "
+                                                        "held-out Sudoku accuracy of every fast-sampler mode")
+    p.add_argument("--sudoku-puzzles", type=int, default=256, help="held-out puzzles for --sudoku-model")
     a = p.parse_args(argv)
     for k, v in (SMOKE if a.smoke else DEFAULTS).items():
         if getattr(a, k) is None:

@@ -155,3 +155,25 @@ def test_what_each_mode_runs_at_each_step(cache):
             "prefix": [L, L - P, L - P, L - P, L, L - P - 4, L - P - 4, L - P - 4],
             "dual": [L, 4, 4, 4, L, 4, 4, 4]}[cache]
     assert lengths == want
+
+
+def test_sample_cli_fast_flags_and_checks(tmp_path, capsys):
+    import data
+    from model import LLaDA
+    tok = data.make_char_tokenizer()
+    config = data.tiny_config_for(tok, d_model=32, n_heads=2, n_kv_heads=2, n_layers=1, mlp_hidden_size=64,
+                                  max_sequence_length=64)
+    LLaDA(config).init_weights(torch.Generator().manual_seed(0)).save_pretrained(tmp_path / "m")
+    tok.save(str(tmp_path / "m" / "tokenizer.json"))
+    common = ["--model", str(tmp_path / "m"), "--device", "cpu", "--raw", "--prompt", "1234"]
+    sample.main(common + ["--gen-length", "8", "--steps", "8", "--block-length", "4", "--cache", "dual",
+                          "--threshold", "0.9"])
+    assert capsys.readouterr().out
+    for flags, message in ((["--gen-length", "0"], "--gen-length 0: must be at least 1"),
+                           (["--threshold", "2"], "--threshold 2.0: a confidence in [0, 1)"),
+                           (["--cache", "all"], "invalid choice: 'all'")):
+        with pytest.raises(SystemExit):
+            sample.main(common + flags)
+        assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="exceed the model's max_sequence_length 64"):
+        sample.main(common + ["--gen-length", "64"])

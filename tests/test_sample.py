@@ -3,19 +3,14 @@ the schedule, prompt kept, no mask left, batch rows independent, CFG with and wi
 left padding, and a scripted model whose logits we dictate, checked step by step."""
 
 import json
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn as nn
-from conftest import REPO
-
 from model import LLaDA, LLaDAConfig
+from official_sampler import official_generate, official_get_num_transfer_tokens  # the oracle, beside this file
 from sample import generate, get_num_transfer_tokens, transfer_index
-
-sys.path.insert(0, str(REPO / "bench"))  # bench/sampler.py holds the one transcription of the official sampler
-from sampler import official_generate, official_get_num_transfer_tokens  # noqa: E402
 
 V, MASK, EOS = 48, 47, 46
 
