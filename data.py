@@ -60,7 +60,18 @@ def load_tokenizer(model_dir):
     path = Path(model_dir) / "tokenizer.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: the model folder must hold the Hugging Face tokenizer.json")
-    tokenizer = Tokenizer.from_file(str(path))
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception; say whether the JSON or its content is wrong
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as bad:
+            json_error = isinstance(bad, json.JSONDecodeError)
+            where = f"line {bad.lineno}, column {bad.colno}: {bad.msg}" if json_error else bad
+            raise ValueError(f"{path}: not valid JSON ({where}). A truncated download leaves such a file: copy "
+                             "tokenizer.json from the model's Hugging Face folder again") from None
+        raise ValueError(f"{path}: valid JSON, but not a tokenizer the `tokenizers` library reads ({e}); it must be "
+                         "a Hugging Face tokenizer.json (not tokenizer_config.json or a sentencepiece model)") from None
     tokenizer.no_truncation()  # too-long examples are dropped and counted by load_dataset, never cut
     tokenizer.no_padding()  # padding happens in collate
     return tokenizer
@@ -91,13 +102,16 @@ class SpecialIds:
 
 
 def special_ids(tokenizer, config):
-    """mask / eos / pad from the model config (config.json), the chat-format tokens from the tokenizer."""
+    """mask / eos / pad from the model config (config.json), the chat-format tokens from the tokenizer. A full model
+    config (one with embedding_size, e.g. LLaDAConfig) is also checked against the tokenizer (check_mask_token)."""
     ids = {}
     for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(config, name, None)
-        if not isinstance(value, int):
+        if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"config.json field {name!r} is {value!r}; it must be a token id")
         ids[name] = value
+    if getattr(config, "embedding_size", None) is not None:
+        check_mask_token(tokenizer, config)
     for token in (BOS, EOT, START_HEADER, END_HEADER):
         ids[token] = _token_id(tokenizer, token)
         # must be an added token, else the BPE would split the literal "<|eot_id|>" of chat_prompt into pieces
@@ -106,6 +120,26 @@ def special_ids(tokenizer, config):
                              "'added_tokens' in tokenizer.json")
     return SpecialIds(bos=ids[BOS], eos=ids["eos_token_id"], pad=ids["pad_token_id"], mask=ids["mask_token_id"],
                       eot=ids[EOT], start_header=ids[START_HEADER], end_header=ids[END_HEADER])
+
+
+def check_mask_token(tokenizer, config):
+    """config.json's token ids against the model and the tokenizer: each a row of the embedding, and mask_token_id
+    the id of the tokenizer's <|mdm_mask|> (when it has one) and never an ordinary text token, which the model could
+    not tell apart from a masked position."""
+    E = config.embedding_size
+    for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
+        if not 0 <= getattr(config, name) < E:
+            raise ValueError(f"config.json field {name!r} = {getattr(config, name)} is outside the embedding "
+                             f"(embedding_size = {E}: ids 0 .. {E - 1}); config.json belongs to another model?")
+    mask_id, tokenizer_mask_id = config.mask_token_id, tokenizer.token_to_id(MASK)
+    if tokenizer_mask_id is not None and tokenizer_mask_id != mask_id:
+        raise ValueError(f"config.json field 'mask_token_id' = {mask_id}, but the tokenizer's {MASK!r} token is id "
+                         f"{tokenizer_mask_id}: tokenizer.json and config.json come from different models (or set "
+                         f"mask_token_id to {tokenizer_mask_id})")
+    token, added = tokenizer.id_to_token(mask_id), tokenizer.get_added_tokens_decoder()
+    if token is not None and not (mask_id in added and added[mask_id].special):
+        raise ValueError(f"config.json field 'mask_token_id' = {mask_id} is the tokenizer's ordinary token {token!r}, "
+                         f"which text produces; the mask must be a special token ({MASK!r} in LLaDA's tokenizer.json)")
 
 
 # -----------------------------------------------------------------------------
@@ -131,16 +165,81 @@ def encode_prompt(tokenizer, messages):
     return encode(tokenizer, chat_prompt(messages))
 
 
+def _unknown_token(tokenizer):
+    """(token, id) of the tokenizer's unknown token, or (None, None) when it has none (LLaDA's byte-level BPE)."""
+    unk = getattr(tokenizer.model, "unk_token", None)  # BPE, WordPiece, WordLevel
+    if isinstance(tokenizer.model, models.Unigram):  # Unigram keeps an id instead
+        unk_id = json.loads(tokenizer.to_str())["model"].get("unk_id")
+        return (None, None) if unk_id is None else (tokenizer.id_to_token(unk_id), unk_id)
+    return unk, tokenizer.token_to_id(unk) if unk else None
+
+
+def _around(text, start, end):
+    return f"{text[start:end]!r} (U+{ord(text[start]):04X}) in ...{text[max(0, start - 20):end + 20]!r}..."
+
+
+def _unreadable(tokenizer, text, encoding, unk):
+    """Why `text` has no faithful encoding (None when it has): a character with no token, found in `encoding`
+    read as the unknown token, or, when encoding is None (encode raised), as the first character that fails alone."""
+    unk_token, unk_id = unk
+    if encoding is None:
+        added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len, reverse=True)
+        spans = [m.span() for m in re.finditer("|".join(map(re.escape, added)), text)] if added else []
+        readable = {}
+        for pos, ch in enumerate(text):
+            if any(a <= pos < b for a, b in spans):
+                continue  # inside a special token such as <|eot_id|>
+            if ch not in readable:
+                try:
+                    tokenizer.encode(ch, add_special_tokens=False)
+                    readable[ch] = True
+                except Exception:
+                    readable[ch] = False
+            if not readable[ch]:
+                return f"has {_around(text, pos, pos + 1)}, a character the tokenizer has no token for"
+        return "cannot be tokenized"
+    if unk_id is not None and unk_id in encoding.ids:
+        for token_id, (start, end) in zip(encoding.ids, encoding.offsets):
+            if token_id == unk_id and text[start:end] != unk_token:  # the literal unknown token in text is fine
+                return f"has {_around(text, start, end)}, which the tokenizer reads as its unknown token {unk_token!r}"
+    return None
+
+
+def encode_pairs(tokenizer, pairs):
+    """[(messages, answer)] -> per pair (ids, prompt_len), or a BadRow when the tokenizer cannot encode its text (a
+    character outside its vocabulary: it raises, or gives its unknown token). See encode_examples."""
+    eot = _token_id(tokenizer, EOT)
+    texts = [chat_prompt(messages) for messages, _ in pairs] + [answer.strip() for _, answer in pairs]
+    try:
+        encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
+    except Exception:  # some text holds a character with no token (e.g. "Missing [UNK] token"): find which
+        encodings = []
+        for text in texts:
+            try:
+                encodings.append(tokenizer.encode(text, add_special_tokens=False))
+            except Exception:
+                encodings.append(None)
+    unk = _unknown_token(tokenizer)
+    n, results = len(pairs), []
+    for p, a, p_text, a_text in zip(encodings[:n], encodings[n:], texts[:n], texts[n:]):
+        where, problem = "the prompt", _unreadable(tokenizer, p_text, p, unk)
+        if problem is None:
+            where, problem = "the answer", _unreadable(tokenizer, a_text, a, unk)
+        results.append(BadRow(None, f"{where} {problem}") if problem else (p.ids + a.ids + [eot], len(p.ids)))
+    return results
+
+
 def encode_examples(tokenizer, pairs):
     """[(messages, answer)] -> [(ids, prompt_len)], ids = prompt + answer + <|eot_id|>, tokenized in one batch.
 
     Prompt and answer are tokenized separately, so the prompt ids are exactly what generation is given
-    (encode_prompt) and prompt_len is exact. The answer is stripped, as the official template trims every turn."""
-    eot = _token_id(tokenizer, EOT)
-    texts = [chat_prompt(messages) for messages, _ in pairs] + [answer.strip() for _, answer in pairs]
-    encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
-    prompts, answers = encodings[:len(pairs)], encodings[len(pairs):]
-    return [(p.ids + a.ids + [eot], len(p.ids)) for p, a in zip(prompts, answers)]
+    (encode_prompt) and prompt_len is exact. The answer is stripped, as the official template trims every turn.
+    Text the tokenizer cannot encode raises ValueError naming the example and the character."""
+    results = encode_pairs(tokenizer, pairs)
+    for i, result in enumerate(results):
+        if isinstance(result, BadRow):
+            raise ValueError(f"example {i}: {result.problem}")
+    return results
 
 
 def encode_example(tokenizer, messages, answer):
@@ -260,16 +359,31 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
         raise FileNotFoundError(f"data file {path} not found (expected JSONL: one JSON object per line)")
     stats = dict(path=str(path), format=None if fmt == "auto" else fmt, rows=0, examples=0, tokens=0,
                  skipped_bad_rows=0, dropped_too_long=0, bad_rows=[])
-    examples, pending = [], []
+    examples, pending, pending_lines = [], [], []
 
-    def flush():  # tokenize the pending rows, drop the too-long ones
-        for ids, prompt_len in encode_examples(tokenizer, pending):
+    def bad_row(line_no, bad):  # raise, or skip and count
+        if not skip_bad_rows:
+            flush()  # an earlier row that cannot be tokenized is reported first
+            raise DataError(path, line_no, bad.field, bad.problem + " (fix the row, or skip and count bad "
+                            "rows with skip_bad_rows=True / --skip-bad-rows)") from None
+        stats["skipped_bad_rows"] += 1
+        if len(stats["bad_rows"]) < MAX_BAD_ROWS_KEPT:
+            stats["bad_rows"].append(str(DataError(path, line_no, bad.field, bad.problem)))
+
+    def flush():  # tokenize the pending rows; text the tokenizer cannot encode is a bad row; drop the too-long ones
+        results, lines = encode_pairs(tokenizer, pending), list(pending_lines)
+        pending.clear()  # first, so the flush() of a bad_row() below finds nothing left to do
+        pending_lines.clear()
+        for line_no, result in zip(lines, results):
+            if isinstance(result, BadRow):
+                bad_row(line_no, result)
+                continue
+            ids, prompt_len = result
             if max_len is not None and len(ids) > max_len:
                 stats["dropped_too_long"] += 1
                 continue
             examples.append((torch.tensor(ids, dtype=torch.int32), prompt_len))
             stats["tokens"] += len(ids)
-        pending.clear()
 
     with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad row, not the end of the file
         for line_no, raw in enumerate(f, start=1):
@@ -287,14 +401,10 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
                     raise BadRow(None, f"invalid JSON ({e.msg}, column {e.colno})") from None
                 row_fmt = stats["format"] or detect_format(row)
                 pending.append(parse_row(row, row_fmt))
+                pending_lines.append(line_no)
                 stats["format"] = row_fmt  # the first good row fixes the format of the file
             except BadRow as bad:
-                if not skip_bad_rows:
-                    raise DataError(path, line_no, bad.field, bad.problem + " (fix the row, or skip and count bad "
-                                    "rows with skip_bad_rows=True / --skip-bad-rows)") from None
-                stats["skipped_bad_rows"] += 1
-                if len(stats["bad_rows"]) < MAX_BAD_ROWS_KEPT:
-                    stats["bad_rows"].append(str(DataError(path, line_no, bad.field, bad.problem)))
+                bad_row(line_no, bad)
                 continue
             if len(pending) == ENCODE_CHUNK:
                 flush()

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data import chat_prompt, encode, load_tokenizer
+from data import chat_prompt, check_mask_token, encode, load_tokenizer
 from sample import generate
 
 # -----------------------------------------------------------------------------
@@ -792,6 +792,7 @@ def main(argv=None):
         merge_lora(model.to(device))  # one weight per layer: faster sampling, same function
     model.eval()
     tokenizer = load_tokenizer(args.model)
+    check_mask_token(tokenizer, model.config)
 
     runs = []
     for seed in args.seeds:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 # -----------------------------------------------------------------------------
@@ -77,10 +77,37 @@ class LLaDAConfig:
                      attention_dropout=0.0, residual_dropout=0.0, embedding_dropout=0.0)
 
     def __post_init__(self):
+        self.finish()
+
+    def finish(self, source="config"):
+        """Check the types, fill the derived fields (None: computed from the others), then check the values."""
+        self.check_types(source)
         self.n_kv_heads = self.n_kv_heads or self.n_heads
         self.mlp_hidden_size = self.mlp_hidden_size or self.mlp_ratio * self.d_model
         self.embedding_size = self.embedding_size or self.vocab_size
-        self.check()
+        self.check(source)
+
+    def check_types(self, source="config"):
+        """Each field against its annotation: ints are JSON integers (4096, not "4096" or 4096.5), floats any JSON
+        number, booleans true / false; null only where the annotation allows None. Sizes must be positive."""
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            value, types = getattr(self, f.name), getattr(f.type, "__args__", (f.type,))
+            ok = (value is None and type(None) in types
+                  or isinstance(value, bool) and bool in types
+                  or type(value) is int and (int in types or float in types)  # bool is an int: excluded here
+                  or type(value) is float and float in types
+                  or type(value) is str and str in types)
+            if not ok:
+                want = " or ".join({int: "an integer", float: "a number", bool: "true or false", str: "a string",
+                                    type(None): "null"}[t] for t in types)
+                raise ValueError(f"{source}: field {f.name!r} = {json.dumps(value, default=repr)} must be {want} "
+                                 f"(e.g. {json.dumps(f.default)})")
+        for name in ("d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size", "mlp_ratio", "vocab_size",
+                     "embedding_size", "max_sequence_length"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"{source}: field {name!r} = {getattr(self, name)} must be positive")
 
     def check(self, source="config"):
         for name, want in self._REQUIRED.items():
@@ -101,8 +128,14 @@ class LLaDAConfig:
 
     @classmethod
     def from_json(cls, path):
-        with open(path) as f:
-            raw = json.load(f)
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            where = f"line {e.lineno}, column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else e
+            raise ValueError(f"{path}: not valid JSON ({where}); config.json is the model's Hugging Face config, "
+                             "one JSON object of fields") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: expected a JSON object of config fields, got a {type(raw).__name__}")
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         cfg = cls.__new__(cls)  # fill, then validate with the file named in any error
         for f in dataclasses.fields(cls):
@@ -110,10 +143,7 @@ class LLaDAConfig:
                 setattr(cfg, f.name, raw[f.name] if f.name in raw else
                         (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default))
         cfg.extra = {k: v for k, v in raw.items() if k not in known}
-        cfg.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
-        cfg.mlp_hidden_size = cfg.mlp_hidden_size or cfg.mlp_ratio * cfg.d_model
-        cfg.embedding_size = cfg.embedding_size or cfg.vocab_size
-        cfg.check(source=str(path))
+        cfg.finish(source=str(path))
         return cfg
 
     def to_dict(self):
@@ -276,8 +306,10 @@ class LLaDA(nn.Module):
         shards = check_weight_files(path, model)
         device = str(torch.device(device)) if device is not None else "cpu"
         for shard in shards:
-            with safe_open(shard, framework="pt", device=device) as f:
+            with open_weights(shard, device=device) as f:
                 part = {k: (f.get_tensor(k) if dtype is None else f.get_tensor(k).to(dtype)) for k in f.keys()}
+            for k, t in part.items():  # after the cast, so an overflow to inf in a narrower dtype is caught too
+                check_finite(t, k, shard)
             model.load_state_dict(part, strict=False, assign=True)
             del part
         return model
@@ -320,7 +352,11 @@ def weight_files(path):
     path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"{index}: not a safetensors index ({e}); it must be a JSON object whose 'weight_map' "
+                             "maps each tensor name to its shard file") from None
         files = [path / name for name in dict.fromkeys(weight_map.values())]
     elif (path / "model.safetensors").exists():
         files = [path / "model.safetensors"]
@@ -332,6 +368,28 @@ def weight_files(path):
     return files
 
 
+@contextlib.contextmanager
+def open_weights(file, device="cpu"):
+    """safe_open, which reads and checks the header at once: an empty, truncated or foreign file fails here with its
+    name, before any tensor is read."""
+    try:
+        f = safe_open(str(file), framework="pt", device=device)
+    except SafetensorError as e:
+        raise ValueError(f"{file}: not a readable safetensors file ({e}; {Path(file).stat().st_size} bytes on "
+                         "disk). An interrupted download or copy leaves such a file: fetch it again") from None
+    with f:
+        yield f
+
+
+def check_finite(t, key, file):
+    """Refuse a tensor holding NaN or inf (one pass over it; a diverged run or an overflowing cast writes them)."""
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise ValueError(f"{file}: tensor {key!r} holds {bad} NaN or infinite values (of {t.numel()} {t.dtype}): a "
+                         "diverged run saved it, or its values overflow this dtype; load an earlier checkpoint, or "
+                         "load it in a wider dtype")
+
+
 def check_weight_files(path, model):
     """Names and shapes of the safetensors of folder `path` against `model` (on any device, meta included), checked
     before any data is read, so that a bad checkpoint fails at once. Returns the files."""
@@ -339,7 +397,7 @@ def check_weight_files(path, model):
     shards = weight_files(path)
     found = {}
     for shard in shards:
-        with safe_open(shard, framework="pt") as f:
+        with open_weights(shard) as f:
             for key in f.keys():
                 found[key] = (tuple(f.get_slice(key).get_shape()), shard.name)
     missing = sorted(set(expected) - set(found))
@@ -359,7 +417,7 @@ SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch
 
 def stored_dtype(path):
     """The dtype the weights of folder `path` are stored in (LLaDA-8B: bfloat16), from the first tensor's header."""
-    with safe_open(weight_files(path)[0], framework="pt") as f:
+    with open_weights(weight_files(path)[0]) as f:
         return SAFETENSORS_DTYPES[f.get_slice(next(iter(f.keys()))).get_dtype()]
 
 
@@ -371,13 +429,15 @@ def load_weight_rows(model, path, rank, world):
     every local shard is cast to the parameter's dtype (float32 master weights from a bf16 checkpoint)."""
     params = dict(model.named_parameters())
     for shard in check_weight_files(path, model):
-        with safe_open(shard, framework="pt") as f:
+        with open_weights(shard) as f:
             for key in f.keys():
                 local = params[key].to_local() if hasattr(params[key], "to_local") else params[key]
                 rows = f.get_slice(key)
                 n = rows.get_shape()[0]
                 start = min(rank * math.ceil(n / world), n)
-                local.copy_(rows[start:start + local.shape[0]])
+                mine = rows[start:start + local.shape[0]]
+                check_finite(mine, key, shard)  # each rank checks the rows it reads
+                local.copy_(mine)
     return model
 
 
@@ -609,7 +669,7 @@ def load_adapter(model, path):
                  targets=cfg["target_modules"], rank_pattern=cfg.get("rank_pattern"),
                  alpha_pattern=cfg.get("alpha_pattern"), use_rslora=cfg.get("use_rslora", False),
                  layers_to_transform=cfg.get("layers_to_transform"), layers_pattern=cfg.get("layers_pattern"))
-    with safe_open(str(path / "adapter_model.safetensors"), framework="pt") as f:
+    with open_weights(path / "adapter_model.safetensors") as f:
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     expected = {}
     for name, m in lora_layers(model):

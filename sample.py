@@ -289,7 +289,7 @@ def main(argv=None):
         p.error(f"--threshold {args.threshold}: a confidence in [0, 1)")
 
     # only the command line needs the model and tokenizer code; generate() above needs torch alone
-    from data import chat_prompt, encode, load_tokenizer
+    from data import chat_prompt, check_mask_token, encode, load_tokenizer
     from model import LLaDA, load_adapter
 
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
@@ -298,6 +298,7 @@ def main(argv=None):
         load_adapter(model, args.adapter)  # adds LoRA layers (on the model's device) with the adapter's r / alpha
     model.eval()  # LoRA dropout off
     tokenizer = load_tokenizer(args.model)
+    check_mask_token(tokenizer, model.config)
     generator = torch.Generator(args.device).manual_seed(args.seed)
     block_length = args.block_length or min(32, args.gen_length)
 
