@@ -63,7 +63,6 @@ from torch.utils.checkpoint import checkpoint
 
 from data import (FORMATS, collate, epoch_order, load_dataset, load_tokenizer, make_char_tokenizer,
                   rank_micro_batches, special_ids, step_batches, sudoku_examples, sudoku_split, tiny_config_for)
-from eval import SUDOKU_QUESTION, evaluate
 from model import (LLaDA, LLaDAConfig, add_lora, atomic_write_text, load_weight_rows, lora_disabled, lora_layers,
                    merged_state_dict, save_adapter, stored_dtype, weight_files)
 
@@ -201,20 +200,22 @@ def chunked_cross_entropy(head, h, targets, chunk_size=CE_CHUNK):
 
 
 def diffusion_loss(model, input_ids, noisy_ids, weight, answer_mask, norm="answer", denominator=None,
-                   chunk_size=CE_CHUNK):
+                   chunk_size=CE_CHUNK, *, mask_id=None):
     """sum over masked answer tokens of weight * CE(model(noisy_ids), input_ids), normalised.
     Theorem 1 / Algorithm 2, "S <- sum_i 1[M'^i = 1] / t_i CrossEntropy(z_i, l_i)", with the weight chosen per
-    objective. Masked = noisy_ids holds the model's mask token AND answer_mask is true. Logits are computed only
-    at masked positions, chunk by chunk (chunked_cross_entropy).
+    objective. Masked = noisy_ids holds mask_id (None: the model's config.mask_token_id) AND answer_mask is true.
+    Logits are computed only at masked positions, chunk by chunk (chunked_cross_entropy); the softmax, the
+    weighted sum and the returned 0-dim loss are float32 (float64 for a float64 model).
 
     norm "answer": each row's sum / that row's answer length (EOS padding counts), then / B: LLaDA's SFT recipe.
     norm "masked": the total / the number of masked tokens (Algorithm 2, "L <- S / N").
-    denominator: overrides that final divisor (B for "answer", N for "masked"). Pass the GLOBAL count over
-    ranks and accumulation micro-batches so that micro-batch losses add up to the full-batch loss; under DDP,
-    which averages gradients over ranks, pass global_count / world_size.
+    denominator: overrides that final divisor (B for "answer", N for "masked"). train_step passes the GLOBAL count,
+    over every rank and accumulation micro-batch, so that the micro-batch losses of all ranks add up to the loss of
+    the whole batch; DDP and FSDP2 AVERAGE gradients over ranks, so it backpropagates loss * world_size.
     With no masked token the loss is 0 but still connected to every parameter used (DDP does not hang)."""
     core = getattr(model, "module", model)  # DDP keeps the real module in .module
-    masked = (noisy_ids == core.config.mask_token_id) & answer_mask  # (B, L)
+    mask_id = core.config.mask_token_id if mask_id is None else mask_id
+    masked = (noisy_ids == mask_id) & answer_mask  # (B, L)
     h = model(noisy_ids, return_hidden=True)  # (B, L, D)
     ce = chunked_cross_entropy(core.head, h[masked], input_ids[masked], chunk_size)  # (N,)
     token_loss = ce * weight[masked].to(ce.dtype)  # (N,)
@@ -235,15 +236,17 @@ def diffusion_loss(model, input_ids, noisy_ids, weight, answer_mask, norm="answe
 
 
 @torch.no_grad()
-def answer_entropy_and_nll(model, input_ids, answer_mask, chunk_size=CE_CHUNK):
-    """Algorithm 1: mask the whole answer, one forward pass, and at each answer position the entropy
-    H_i = -sum_j softmax(z_ij) log_softmax(z_ij) and the NLL -log softmax(z_i)[x0^i] (the "nll" ablation's
-    beta, eq. 13). Dropout (LoRA's) is off: the model is put in eval mode and its mode restored. Logits exist
-    for one chunk of answer positions at a time, in float32. Returns H, nll (B, L) float32, 0 off the answer."""
+def answer_entropy_and_nll(model, input_ids, answer_mask, chunk_size=CE_CHUNK, *, mask_id=None):
+    """Algorithm 1: mask the whole answer with mask_id (None: the model's config.mask_token_id), one forward pass,
+    and at each answer position the entropy H_i = -sum_j softmax(z_ij) log_softmax(z_ij) and the NLL
+    -log softmax(z_i)[x0^i] (the "nll" ablation's beta, eq. 13). Dropout (LoRA's) is off: the model is put in eval
+    mode and its mode restored. Logits exist for one chunk of answer positions at a time, their softmax in float32
+    (float64 for a float64 model). Allocates and returns H, nll (B, L) float32, 0 off the answer."""
     core = getattr(model, "module", model)
-    x = input_ids.masked_fill(answer_mask, core.config.mask_token_id)  # Algorithm 1, "I'^i <- (1-M^i) I^i + M^i m"
-    H = torch.zeros(input_ids.shape, device=input_ids.device)
-    nll = torch.zeros(input_ids.shape, device=input_ids.device)
+    mask_id = core.config.mask_token_id if mask_id is None else mask_id
+    x = input_ids.masked_fill(answer_mask, mask_id)  # Algorithm 1, "I'^i <- (1-M^i) I^i + M^i m"
+    H = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
+    nll = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     was_training = model.training
     model.eval()
     try:
@@ -264,14 +267,15 @@ def answer_entropy_and_nll(model, input_ids, answer_mask, chunk_size=CE_CHUNK):
     return H, nll
 
 
-def entropy_betas(model, input_ids, answer_mask, power=BETA_POWER, chunk_size=CE_CHUNK):
+def entropy_betas(model, input_ids, answer_mask, power=BETA_POWER, chunk_size=CE_CHUNK, *, mask_id=None):
     """Algorithm 1, "beta_i <- M^i sqrt(H_i)": beta_i = H_i^power at answer positions, 0 elsewhere (eq. 12;
-    power 0.5 is the paper's, 1.0 the raw-entropy ablation). No autograd graph. (B, L) float32."""
-    H, _ = answer_entropy_and_nll(model, input_ids, answer_mask, chunk_size)
+    power 0.5 is the paper's, 1.0 the raw-entropy ablation). mask_id: as answer_entropy_and_nll. No autograd
+    graph. Allocates and returns (B, L) float32."""
+    H, _ = answer_entropy_and_nll(model, input_ids, answer_mask, chunk_size, mask_id=mask_id)
     return torch.where(answer_mask, H.clamp_min(0) ** power, 0.0)
 
 
-def reference_betas(model, input_ids, answer_mask, power=BETA_POWER, chunk_size=CE_CHUNK):
+def reference_betas(model, input_ids, answer_mask, power=BETA_POWER, chunk_size=CE_CHUNK, *, mask_id=None):
     """GIFT* (Appendix "Discussion on the Rigor"): betas from the frozen INITIAL model, so Q stays fixed during
     training and Theorem 1 applies as derived. Under LoRA the initial model is the base with the adapters
     disabled (no extra memory). For full fine-tuning compute entropy_betas(initial_model, ...) once per example
@@ -282,7 +286,7 @@ def reference_betas(model, input_ids, answer_mask, power=BETA_POWER, chunk_size=
                          "no LoRA adapters to disable; with full fine-tuning precompute "
                          "entropy_betas(initial_model, ...) per example and pass ref_betas=")
     with lora_disabled(core):
-        return entropy_betas(model, input_ids, answer_mask, power, chunk_size)
+        return entropy_betas(model, input_ids, answer_mask, power, chunk_size, mask_id=mask_id)
 
 
 # -----------------------------------------------------------------------------
@@ -349,20 +353,20 @@ def _masked_mean_std(x, sel):
     return mean, ((v - mean) ** 2).sum().div(n).sqrt()
 
 
-def first_pass_betas(betas_from, model, input_ids, answer_mask, beta_power=BETA_POWER):
+def first_pass_betas(betas_from, model, input_ids, answer_mask, beta_power=BETA_POWER, *, mask_id=None):
     """The betas of the no-grad first pass: "entropy" = H_i^beta_power (Algorithm 1), "nll" = -log p(x0^i)
     (eq. 13), "initial" = the LoRA base's entropies (GIFT*; full fine-tuning caches them instead). (B, L) float32."""
     if betas_from == "entropy":
-        return entropy_betas(model, input_ids, answer_mask, power=beta_power)
+        return entropy_betas(model, input_ids, answer_mask, power=beta_power, mask_id=mask_id)
     if betas_from == "nll":
-        return answer_entropy_and_nll(model, input_ids, answer_mask)[1]
+        return answer_entropy_and_nll(model, input_ids, answer_mask, mask_id=mask_id)[1]
     if betas_from == "initial":
-        return reference_betas(model, input_ids, answer_mask, beta_power)
+        return reference_betas(model, input_ids, answer_mask, beta_power, mask_id=mask_id)
     raise ValueError(f"gift.py first_pass_betas: betas from {betas_from!r}; use entropy, nll or initial")
 
 
 def objective_batch(loss_name, model, input_ids, answer_mask, generator, eps=EPS, beta_power=BETA_POWER,
-                    ref_betas=None, norm=None):
+                    ref_betas=None, norm=None, *, mask_id=None):
     """Everything before the gradient pass, for one micro-batch: the no-grad entropy pass when the objective needs
     it, t ~ U(0, 1), p_i, the noisy sequence and the weights. Returns (noisy_ids, weight, norm, stats) for
     diffusion_loss(model, input_ids, noisy_ids, weight, answer_mask, norm, denominator=...).
@@ -372,8 +376,11 @@ def objective_batch(loss_name, model, input_ids, answer_mask, generator, eps=EPS
     for an objective that uses betas, and then no first pass runs: gift-star's initial-model betas cached per
     example (full fine-tuning; when None, gift-star uses the LoRA base model), or the betas an entropy pass of an
     earlier epoch left (--beta-refresh-epochs, BetaCache).
+    mask_id: the token written at masked positions, in the noisy sequence and in the entropy pass; None = the
+    model's config.mask_token_id. Pass the same mask_id to diffusion_loss.
     Random draws, in order: t (B,), then one uniform per position; an objective whose p_i equals SFT's therefore
-    masks exactly as SFT for the same generator state.
+    masks exactly as SFT for the same generator state. Allocates t, the uniforms, p_i, the betas and the weights
+    in float32 (torch's default dtype).
     stats (0-dim tensors, detached; .item() them when logging): n_masked, n_answer, n_rows, frac_masked,
     weight_mean (over masked tokens), beta_mean / beta_std and beta_sum / beta_sq_sum (over answer tokens; gift-sw:
     of its weight)."""
@@ -383,7 +390,7 @@ def objective_batch(loss_name, model, input_ids, answer_mask, generator, eps=EPS
     if ref_betas is not None and betas_from is None:
         raise ValueError(f"gift.py objective_batch: {loss_name!r} uses no betas, yet ref_betas were given")
     core = getattr(model, "module", model)
-    mask_id = core.config.mask_token_id
+    mask_id = core.config.mask_token_id if mask_id is None else mask_id
     t = draw_t(len(input_ids), generator, input_ids.device)  # (B,) Algorithm 2, "t ~ U(0, 1)"
     u = uniforms(input_ids.shape, generator, input_ids.device)  # (B, L) token i is masked where u_i < p_i
 
@@ -392,7 +399,7 @@ def objective_batch(loss_name, model, input_ids, answer_mask, generator, eps=EPS
     if ref_betas is not None:
         beta = ref_betas.to(input_ids.device)
     elif betas_from is not None:
-        beta = first_pass_betas(betas_from, model, input_ids, answer_mask, beta_power)
+        beta = first_pass_betas(betas_from, model, input_ids, answer_mask, beta_power, mask_id=mask_id)
 
     # p_i and w_i (the objective), then Algorithm 2's "M'^i ~ Bernoulli(t_i); I' <- (1 - M') I + M' m"
     p_mask, weight = objective(t, u, None if beta is None else beta.to(t.dtype), answer_mask, eps)
@@ -881,8 +888,9 @@ def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, bet
     local = [sum(float(mb.stats.get(k, 0)) for mb in micro_batches if mb.real) for k in COUNTS]
     counts = dict(zip(COUNTS, all_reduce_sum(local, device)))
 
-    # pass 2: the loss with the GLOBAL normaliser, so that N ranks x K micro-batches give exactly the loss of one
-    # process on the whole batch (DDP / FSDP2 average gradients over ranks, hence the * world)
+    # pass 2: the loss with the GLOBAL count over every rank and micro-batch as its denominator, so that the
+    # micro-batch losses of all ranks add up to the loss of the whole batch; DDP and FSDP2 AVERAGE gradients over
+    # ranks, so each rank backpropagates loss * world_size (diffusion_loss's docstring says the same)
     loss_sum = 0.0
     for j, mb in enumerate(micro_batches):
         denominator = max(counts["n_masked"], 1.0) if mb.norm == "masked" else counts["n_rows"]
@@ -1262,6 +1270,11 @@ def run(opts, rank, world, device, preemption):
             with torch.device("meta"):
                 model = LLaDA(LLaDAConfig.from_json(Path(opts.model) / "config.json"))
         config = model.config
+        if opts.max_len > config.max_sequence_length:  # longer than the base was trained on
+            print0(f"warning: --max-len {opts.max_len} exceeds the model's max_sequence_length "
+                   f"{config.max_sequence_length} ({Path(opts.model) / 'config.json'}); using "
+                   f"--max-len {config.max_sequence_length}")
+            opts.max_len = config.max_sequence_length
         examples, stats = load_dataset(opts.data, tokenizer, fmt=opts.data_format, max_len=opts.max_len,
                                        skip_bad_rows=opts.skip_bad_rows)
         export_files = [f for f in Path(opts.model).iterdir()
@@ -1422,6 +1435,7 @@ def run(opts, rank, world, device, preemption):
 def evaluate_embedded(heldout, checkpoint, seed, device):
     """Held-out Sudoku accuracy (eval.py's grader: correct cells among the blanks) of the trained checkpoint and,
     for scale, of the same architecture untrained. Every rank loads the saved folder and grades a slice."""
+    from eval import SUDOKU_QUESTION, evaluate  # here, not at the top: importing gift.py does not import eval.py
     items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
     trained = LLaDA.from_pretrained(checkpoint / "model", device=device)
     tokenizer = load_tokenizer(checkpoint / "model")

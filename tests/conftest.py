@@ -19,6 +19,26 @@ def shared_path(*parts):
 
 
 # -----------------------------------------------------------------------------
+# Tiny models built in memory, without a tokenizer (tests/test_losses.py, tests/test_model.py, tests/test_bench.py,
+# tests/test_memory_plan.py): the last id is the mask token, the one before it EOS = pad
+
+
+def tiny_config(vocab=48, **fields):
+    """An LLaDAConfig small enough for a test: vocab_size = embedding_size = `vocab`, mask id vocab - 1, EOS = pad
+    id vocab - 2; `fields` (any LLaDAConfig field) override d_model 32, 4 heads, 4 kv heads, 2 layers, mlp 64."""
+    from model import LLaDAConfig
+    sizes = dict(d_model=32, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=64)
+    return LLaDAConfig(**{**sizes, **fields}, vocab_size=vocab, embedding_size=vocab, mask_token_id=vocab - 1,
+                       eos_token_id=vocab - 2, pad_token_id=vocab - 2)
+
+
+def tiny_model(seed=0, std=0.02, **fields):
+    """LLaDA(tiny_config(**fields)), its weights drawn from normal(0, std) by a generator seeded with `seed`."""
+    from model import LLaDA
+    return LLaDA(tiny_config(**fields)).init_weights(torch.Generator().manual_seed(seed), std=std)
+
+
+# -----------------------------------------------------------------------------
 # A tiny base model and data set for the training tests (tests/test_train.py, tests/test_resume.py)
 
 ROWS = [("what is two plus three", "five"), ("name a color", "blue is a color"), ("count to four", "1 2 3 4"),

@@ -5,17 +5,18 @@ plain one is tests/test_losses.py::test_chunked_cross_entropy_equals_full_logits
 GIFT* betas against fresh ones is tests/test_train.py::test_gift_star_betas_cached_from_the_initial_model."""
 
 import importlib.util
+import math
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 import torch.nn as nn
-from conftest import REPO
+from conftest import REPO, tiny_model as tiny_llada
 
 from gift import diffusion_loss, entropy_betas, objective_batch
-from model import LLaDA, LLaDAConfig
 from sample import generate
 
 SCRIPTS = ("train_step", "memory", "sampler")
@@ -56,17 +57,75 @@ def finished(proc):
     return out
 
 
+def positive(*values):
+    return all(math.isfinite(v) and v > 0 for v in values)
+
+
+def train_step_rows(out):
+    """bench/train_step.py's table: {(mode, loss): its figures}; "-" (not measured) becomes None."""
+    rows = {}
+    for line in out.splitlines():
+        f = line.split()  # mode loss ms/step min-max wall x-SFT min-max FLOP-x masked GFLOP/s peak-MB +step-MB
+        if len(f) == 12 and f[0] in ("lora", "full"):
+            (ms_min, ms_max), (r_min, r_max) = f[3].split("-"), f[6].split("-")
+            number = [None if x == "-" else float(x) for x in (f[2], ms_min, ms_max, f[4], f[5], r_min, r_max, *f[7:])]
+            rows[f[0], f[1]] = dict(zip(("ms", "ms_min", "ms_max", "wall_ms", "ratio", "ratio_min", "ratio_max",
+                                         "flop_ratio", "masked", "gflops", "peak_mb", "step_mb"), number))
+    return rows
+
+
 def test_train_step_smoke(smoke_runs):
+    """Every variant has a row of sane figures: times within their min-max, SFT's ratios exactly 1, GIFT's predicted
+    FLOP ratio above 1 (the entropy pass) and below 2, gift-elbo masking and costing what gift does, the measured
+    memory consistent, and each target line repeating the table's figures with the right verdict."""
     out = finished(smoke_runs["train_step"])
-    for mode in ("lora", "full"):
-        for loss in ("sft", "gift", "gift-elbo", "gift-star"):
-            assert f"\n{mode:5} {loss:10} " in out
-    assert "targets" in out
+    rows = train_step_rows(out)
+    assert set(rows) == {(m, loss) for m in ("lora", "full") for loss in ("sft", "gift", "gift-elbo", "gift-star")}
+    seq, prompt, batch = map(int, re.search(r"seq (\d+) \(prompt (\d+)\), batch (\d+)", out).groups())
+    for (mode, loss), r in rows.items():
+        assert positive(r["ms"], r["wall_ms"], r["ratio"], r["flop_ratio"], r["gflops"]), (mode, loss, r)
+        assert r["ms_min"] - 0.5 <= r["ms"] <= r["ms_max"] + 0.5, (mode, loss, r)  # min-max printed as integers
+        assert r["ratio_min"] - 0.005 <= r["ratio"] <= r["ratio_max"] + 0.005, (mode, loss, r)
+        assert 1 <= r["masked"] <= batch * (seq - prompt), (mode, loss, r)
+        if loss == "sft":
+            assert r["ratio"] == r["ratio_min"] == r["ratio_max"] == r["flop_ratio"] == 1.0, (mode, r)
+        elif loss == "gift-star":  # no entropy pass: SFT's FLOPs up to the masked count
+            assert 0.9 < r["flop_ratio"] < 1.1, (mode, r)
+        else:  # one extra forward pass costs less than a training step
+            assert 1.1 < r["flop_ratio"] < 2, (mode, loss, r)
+        if r["peak_mb"] is not None:
+            assert positive(r["peak_mb"]) and 0 <= r["step_mb"] <= r["peak_mb"], (mode, loss, r)
+    assert any(r["peak_mb"] is not None for r in rows.values())  # --smoke measures the first variant's memory
+    for mode in ("lora", "full"):  # gift-elbo masks exactly as gift: the same count, the same predicted FLOPs
+        gift, elbo = rows[mode, "gift"], rows[mode, "gift-elbo"]
+        assert (elbo["masked"], elbo["flop_ratio"]) == (gift["masked"], gift["flop_ratio"]), mode
+    targets = re.findall(r"\n  (\w+) (\S+?) *: measured (\S+) <= (?:predicted (\S+) \+ 0\.10|(1\.05)): (yes|NO)", out)
+    assert len(targets) == 6, out
+    for mode, loss, measured, predicted, bound, verdict in targets:
+        r = rows[mode, loss]
+        limit = float(bound) if bound else float(predicted) + 0.10
+        assert float(measured) == r["ratio"] and (bound or float(predicted) == r["flop_ratio"]), (mode, loss, out)
+        assert verdict == ("yes" if float(measured) <= limit else "NO"), (mode, loss, measured, limit, verdict)
 
 
 def test_memory_smoke(smoke_runs):
+    """Both variants measured, the ratios those of the printed figures (up to their rounding to whole MB), and the
+    target line repeating them with the right verdicts."""
     out = finished(smoke_runs["memory"])
-    assert "\ngift-ours " in out and "\ngift-naive " in out and "targets" in out
+    batch, seq, vocab = (int(re.search(rf"{k} (\d+)", out).group(1)) for k in ("batch", "seq", "vocab"))
+    logits_mb = float(re.search(r"float32 logits tensor = (\S+) MB", out).group(1))
+    assert abs(logits_mb - batch * seq * vocab * 4 / 2**20) <= 0.5
+    rows = {f[0]: [float(x) for x in f[1:]] for f in map(str.split, out.splitlines())
+            if f and f[0] in ("gift-ours", "gift-naive")}
+    (peak, step, ratio, step_ratio), (naive_peak, naive_step) = rows["gift-ours"], rows["gift-naive"]
+    for p, s in ((peak, step), (naive_peak, naive_step)):
+        assert positive(p) and 0 <= s <= p, out
+    for ours, naive, printed in ((peak, naive_peak, ratio), (step, naive_step, step_ratio)):
+        assert (ours - 0.5) / (naive + 0.5) <= printed <= (ours + 0.5) / max(naive - 0.5, 1e-9), out
+    whole, v1, own, v2 = re.search(r"gift-ours: whole process (\S+) \((yes|NO)\), the step's own memory (\S+) "
+                                   r"\((yes|NO)\)", out).groups()
+    assert (float(whole), float(own)) == (ratio, step_ratio)
+    assert (v1, v2) == tuple("yes" if x <= 0.25 else "NO" for x in (ratio, step_ratio))
 
 
 def test_sampler_smoke(smoke_runs):
@@ -79,9 +138,8 @@ def test_sampler_smoke(smoke_runs):
 
 
 def tiny_model(seed=0, V=64):
-    cfg = LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=48, vocab_size=V,
-                      embedding_size=V, mask_token_id=V - 1, eos_token_id=V - 2, pad_token_id=V - 2)
-    return LLaDA(cfg).init_weights(torch.Generator().manual_seed(seed), std=0.2)
+    """std 0.2: entropies (GIFT's betas) that differ from token to token."""
+    return tiny_llada(seed, std=0.2, vocab=V, mlp_hidden_size=48)
 
 
 def tiny_batch(seed=1, B=3, L=20, V=64):

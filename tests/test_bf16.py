@@ -3,6 +3,7 @@ base with float32 adapters, FSDP2's bf16 MixedPrecisionPolicy over gloo), float3
 exports in the base's dtype (config.json's torch_dtype telling the truth), the merged LoRA export, and FSDP2
 loading from the meta device."""
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -197,7 +198,7 @@ def test_fsdp2_meta_loading_equals_loading_the_whole_model():
 def test_meta_loading_refuses_a_checkpoint_that_does_not_match(base, tmp_path):
     config = LLaDAConfig.from_json(base / "model" / "config.json")
     with torch.device("meta"):
-        model = LLaDA(LLaDAConfig(**{**config.__dict__, "n_layers": 3}))
+        model = LLaDA(dataclasses.replace(config, n_layers=3))
     model.to_empty(device="cpu")
     from model import load_weight_rows
     with pytest.raises(ValueError, match="missing keys.*blocks.2"):

@@ -1,6 +1,7 @@
 """gift.py losses: Theorem 1 from the rate matrix, unbiasedness, the exact-denoiser ELBO (gift-elbo is the ELBO,
 gift is not), reductions, the official SFT loss, the entropy pass, and gradient/DDP behaviour on a tiny LLaDA."""
 
+import copy
 import itertools
 from types import SimpleNamespace
 
@@ -9,25 +10,19 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import shared_path
+from conftest import shared_path, tiny_model
 from safetensors.torch import load_file
 
 from gift import (LOSSES, answer_entropy_and_nll, chunked_cross_entropy, diffusion_loss, draw_t, dream_weights,
                   entropy_betas, gift_elbo_jacobian, gift_mask_probs, importance_weights, mask_tokens,
                   objective_batch, reference_betas, sft_mask_probs)
-from model import LLaDA, LLaDAConfig, add_lora, lora_layers
+from model import LLaDA, add_lora, lora_layers
 
 f64 = torch.float64
 
 
 def gen(seed):
     return torch.Generator().manual_seed(seed)
-
-
-def tiny_model(seed=0):
-    cfg = LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=64, vocab_size=48,
-                      embedding_size=48, mask_token_id=47, eos_token_id=46, pad_token_id=46)
-    return LLaDA(cfg).init_weights(gen(seed))
 
 
 def tiny_batch(seed=0, B=4, L=16):
@@ -355,6 +350,31 @@ def test_global_denominator_makes_micro_batches_add_up():
         parts = sum(diffusion_loss(model, ids[s], noisy[s], weight[s], answer_mask[s], norm, denominator=denom)
                     for s in (slice(0, 2), slice(2, 6)))
         torch.testing.assert_close(parts, full)
+
+
+def test_explicit_mask_id_overrides_the_config():
+    """mask_id= is what the four loss functions mask with: a model whose config names a wrong mask id, given the
+    right one explicitly, computes exactly what the model with the right config computes (and without it, not)."""
+    model = tiny_model(8)
+    wrong = copy.deepcopy(model)
+    wrong.config.mask_token_id = 5  # an ordinary token of tiny_batch's ids
+    m = model.config.mask_token_id
+    ids, answer_mask = tiny_batch(22, B=3, L=14)
+    H, nll = answer_entropy_and_nll(model, ids, answer_mask)
+    H_w, nll_w = answer_entropy_and_nll(wrong, ids, answer_mask, mask_id=m)
+    assert torch.equal(H_w, H) and torch.equal(nll_w, nll) and H_w.dtype == nll_w.dtype == torch.float32
+    beta = entropy_betas(model, ids, answer_mask)
+    assert torch.equal(entropy_betas(wrong, ids, answer_mask, mask_id=m), beta)
+    assert not torch.equal(entropy_betas(wrong, ids, answer_mask), beta)
+    for name in ("sft", "gift", "nll"):
+        noisy, weight, norm, stats = objective_batch(name, model, ids, answer_mask, gen(23))
+        noisy_w, weight_w, _, stats_w = objective_batch(name, wrong, ids, answer_mask, gen(23), mask_id=m)
+        assert torch.equal(noisy_w, noisy) and torch.equal(weight_w, weight), name
+        assert stats_w.keys() == stats.keys() and all(torch.equal(stats_w[k], stats[k]) for k in stats), name
+        loss = diffusion_loss(model, ids, noisy, weight, answer_mask, norm)
+        assert torch.equal(diffusion_loss(wrong, ids, noisy, weight, answer_mask, norm, mask_id=m), loss), name
+        assert diffusion_loss(wrong, ids, noisy, weight, answer_mask, norm) != loss  # the config's id would differ
+        assert not torch.equal(objective_batch(name, wrong, ids, answer_mask, gen(23))[0], noisy)
 
 
 def test_gradient_only_through_second_pass():

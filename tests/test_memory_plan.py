@@ -9,13 +9,13 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, tiny_config
 
 sys.path.insert(0, str(REPO / "bench"))
 import memory_plan  # noqa: E402
 
 from gift import wrap_model  # noqa: E402
-from model import LLaDA, LLaDAConfig, add_lora  # noqa: E402
+from model import LLaDA, add_lora  # noqa: E402
 
 GiB = memory_plan.GiB
 
@@ -32,8 +32,7 @@ def smoke_output():
 
 
 def small_config(n_kv_heads=4, V=96):
-    return LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=n_kv_heads, n_layers=3, mlp_hidden_size=80, vocab_size=V,
-                       embedding_size=V, mask_token_id=V - 1, eos_token_id=V - 2, pad_token_id=V - 2)
+    return tiny_config(V, n_kv_heads=n_kv_heads, n_layers=3, mlp_hidden_size=80)
 
 
 def test_parameter_count_of_llada_8b_is_the_models():

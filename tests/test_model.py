@@ -5,22 +5,12 @@ import shutil
 
 import pytest
 import torch
-from conftest import shared_path
+from conftest import shared_path, tiny_config, tiny_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from model import (LLaDA, LLaDAConfig, LoRALinear, add_lora, load_adapter, lora_disabled, merge_lora, stored_dtype,
                    save_adapter)
-
-
-def tiny_config(**kw):
-    base = dict(d_model=32, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=64, vocab_size=48,
-                embedding_size=48, mask_token_id=47, eos_token_id=46, pad_token_id=46)
-    return LLaDAConfig(**{**base, **kw})
-
-
-def tiny_model(seed=0, **kw):
-    return LLaDA(tiny_config(**kw)).init_weights(torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(scope="module")

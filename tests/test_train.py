@@ -3,6 +3,7 @@ distributed runs (2 processes, gloo) equal to one process with the same global b
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -39,6 +40,17 @@ def test_options_flags_help_and_errors(capsys):
     assert parse_options([]).out == gift.EMBEDDED["out"]  # no --model: the embedded task's settings
 
 
+def test_importing_gift_imports_no_evaluation_and_sets_no_warning_filter():
+    """gift.py is imported by tests, benches and experiments: eval.py (and sample.py) load only when the built-in
+    task is evaluated, and the import changes no warning filter."""
+    check = ("import sys, warnings; import torch.distributed.checkpoint, torch.utils.checkpoint, data, model; "
+             "filters = list(warnings.filters); import gift; "
+             "assert 'eval' not in sys.modules and 'sample' not in sys.modules, 'eval.py imported'; "
+             "assert warnings.filters == filters, 'a warning filter changed'")
+    result = subprocess.run([sys.executable, "-c", check], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 # -----------------------------------------------------------------------------
 # End to end: the checkpoints load where the base model did
 
@@ -71,6 +83,25 @@ def test_bad_row_names_the_line(base, tmp_path):
     bad.write_text('{"prompt": "a", "response": "b"}\n{"prompt": "c"}\n')
     with pytest.raises(ValueError, match="line 2"):
         main(["--model", str(base / "model"), "--data", str(bad), "--out", str(tmp_path / "o")])
+
+
+def test_max_len_is_capped_at_the_models_max_sequence_length(base, tmp_path, capsys):
+    """--max-len above config.json's max_sequence_length: a warning naming both, and the model's limit used (the
+    61-token example dropped, and saved in the options, so the same command resumes)."""
+    short = tmp_path / "short"
+    shutil.copytree(base / "model", short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_sequence_length": 56}))
+    out = tmp_path / "run"
+    main(args(base, out, "--model", str(short), "--max-len", "1000", "--max-steps", "1"))
+    printed = capsys.readouterr().out
+    assert "--max-len 1000 exceeds the model's max_sequence_length 56" in printed
+    assert "data: 11 examples" in printed and "'dropped_too_long': 1" in printed
+    assert json.loads((latest(out) / "trainer.json").read_text())["options"]["max_len"] == 56
+    main(args(base, out, "--model", str(short), "--max-len", "1000", "--max-steps", "2", "--resume"))
+    assert "resumed from" in capsys.readouterr().out
+    main(args(base, tmp_path / "fits", "--model", str(short), "--max-len", "56", "--max-steps", "1"))
+    assert "exceeds" not in capsys.readouterr().out
 
 
 # -----------------------------------------------------------------------------
