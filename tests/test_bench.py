@@ -80,7 +80,8 @@ def test_train_step_smoke(smoke_runs):
     memory consistent, and each target line repeating the table's figures with the right verdict."""
     out = finished(smoke_runs["train_step"])
     rows = train_step_rows(out)
-    assert set(rows) == {(m, loss) for m in ("lora", "full") for loss in ("sft", "gift", "gift-elbo", "gift-star")}
+    assert set(rows) == {(m, loss) for m in ("lora", "full")
+                         for loss in ("sft", "gift", "gift-elbo", "gift-star", "gift-reuse")}
     seq, prompt, batch = map(int, re.search(r"seq (\d+) \(prompt (\d+)\), batch (\d+)", out).groups())
     for (mode, loss), r in rows.items():
         assert positive(r["ms"], r["wall_ms"], r["ratio"], r["flop_ratio"], r["gflops"]), (mode, loss, r)
@@ -89,7 +90,7 @@ def test_train_step_smoke(smoke_runs):
         assert 1 <= r["masked"] <= batch * (seq - prompt), (mode, loss, r)
         if loss == "sft":
             assert r["ratio"] == r["ratio_min"] == r["ratio_max"] == r["flop_ratio"] == 1.0, (mode, r)
-        elif loss == "gift-star":  # no entropy pass: SFT's FLOPs up to the masked count
+        elif loss in ("gift-star", "gift-reuse"):  # no entropy pass: SFT's FLOPs up to the masked count
             assert 0.9 < r["flop_ratio"] < 1.1, (mode, r)
         else:  # one extra forward pass costs less than a training step
             assert 1.1 < r["flop_ratio"] < 2, (mode, loss, r)
@@ -106,6 +107,13 @@ def test_train_step_smoke(smoke_runs):
         limit = float(bound) if bound else float(predicted) + 0.10
         assert float(measured) == r["ratio"] and (bound or float(predicted) == r["flop_ratio"]), (mode, loss, out)
         assert verdict == ("yes" if float(measured) <= limit else "NO"), (mode, loss, measured, limit, verdict)
+    reuse = re.findall(r"\n  (\w+) gift --beta-refresh-epochs 4: \(gift \+ 3 x gift-reuse\) / 4 = (\S+) x SFT <= 1\.10: "
+                       r"(yes|NO) \(K = 1: (\S+), K = infinity: (\S+)\)", out)
+    assert len(reuse) == 2, out
+    for mode, k4, verdict, k1, kinf in reuse:  # the K = 4 average from the table's own ratios
+        gift, cached = rows[mode, "gift"]["ratio"], rows[mode, "gift-reuse"]["ratio"]
+        assert (float(k1), float(kinf)) == (gift, cached)
+        assert abs(float(k4) - (gift + 3 * cached) / 4) <= 0.0006 and verdict == ("yes" if float(k4) <= 1.10 else "NO")
 
 
 def test_memory_smoke(smoke_runs):
@@ -129,8 +137,27 @@ def test_memory_smoke(smoke_runs):
 
 
 def test_sampler_smoke(smoke_runs):
-    out = finished(smoke_runs["sampler"])  # the script itself asserts identical tokens
-    assert "\nhead-heavy " in out and "\nbody-heavy " in out and "projection for LLaDA-8B" in out
+    """The exact sampler's table (tokens asserted identical by the script itself): speed-up = ours / reference
+    tokens/s within its min-max; the fast sampler's table: every mode once per shape, exact at 1.00 with agreement
+    1, every figure in range, and the target line repeating the best body-heavy speed-up."""
+    out = finished(smoke_runs["sampler"])
+    assert "projection for LLaDA-8B" in out
+    exact = {f[0]: [float(x) for x in f[4:7]] + [float(x) for x in f[7].split("-")]
+             for f in map(str.split, out.splitlines()) if len(f) == 9 and f[0] in ("head-heavy", "body-heavy")}
+    assert set(exact) == {"head-heavy", "body-heavy"}
+    for ref_tps, ours_tps, speedup, low, high in exact.values():  # one repeat: the ratio of the two rates
+        assert positive(ref_tps, ours_tps) and low <= speedup <= high
+        assert abs(speedup - ours_tps / ref_tps) <= 0.01 * speedup + 0.01
+    fast = [line.split() for line in out.splitlines() if line.startswith("body-heavy ") and len(line.split()) == 7]
+    modes = [f[3] for f in fast]
+    assert modes == ["exact", "prefix", "dual", "exact+threshold", "prefix+threshold", "dual+threshold"]
+    for f in fast:
+        tps, speedup, agreement = map(float, f[4:])
+        assert positive(tps, speedup) and 0 <= agreement <= 1
+        if f[3] == "exact":
+            assert speedup == 1.0 and agreement == 1.0
+    best = max(float(f[5]) for f in fast)
+    assert f"at the body-heavy shape: {best:.2f}" in out
 
 
 # -----------------------------------------------------------------------------
