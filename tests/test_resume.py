@@ -408,6 +408,29 @@ def test_train_step_counts_every_micro_batch(base):
         torch.testing.assert_close(weights1[k], weights3[k], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("loss_name", ["sft", "gift", "gift-elbo"])  # "answer", "masked", "answer" norms
+def test_a_step_over_micro_batches_is_the_loss_of_the_whole_batch(base, loss_name):
+    """train_step's loss and gradient over 3 micro-batches (global normaliser) equal objective_batch + diffusion_loss
+    on the 7 rows at once (its own normaliser), the same noise drawn from the rows' generators."""
+    examples, _ = load_dataset(base / "data.jsonl", load_tokenizer(base / "model"))
+    pad = LLaDA.from_pretrained(base / "model").config.pad_token_id
+    batches = gift.step_micro_batches(examples, list(range(7)), 0, 0, 1, 3, 3, pad, torch.device("cpu"), seed=1,
+                                      pad_to=64)
+    ids = torch.cat([b.input_ids for b in batches])
+    answer_mask = torch.cat([b.answer_mask for b in batches])
+    generators = [torch.Generator().set_state(g.get_state()) for b in batches for g in b.generators]
+    model = LLaDA.from_pretrained(base / "model")
+    noisy, weight, norm, _ = gift.objective_batch(loss_name, model, ids, answer_mask, generators)
+    whole = gift.diffusion_loss(model, ids, noisy, weight, answer_mask, norm=norm)
+    whole.backward()
+    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    model = LLaDA.from_pretrained(base / "model")
+    result = gift.train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), batches, loss_name,
+                             grad_clip=0)
+    assert result["loss"] == pytest.approx(whole.item(), rel=1e-5)
+    assert result["grad_norm"] == pytest.approx(float(grad_norm), rel=1e-4)
+
+
 def test_metrics_keep_one_record_per_step_after_a_kill_without_checkpoint(base, tmp_path):
     """Records written after the last checkpoint (and a torn last line) are replaced, not repeated."""
     out = tmp_path / "run"
