@@ -85,8 +85,9 @@ def test_train_step_smoke(smoke_runs):
     seq, prompt, batch = map(int, re.search(r"seq (\d+) \(prompt (\d+)\), batch (\d+)", out).groups())
     for (mode, loss), r in rows.items():
         assert positive(r["ms"], r["wall_ms"], r["ratio"], r["flop_ratio"], r["gflops"]), (mode, loss, r)
-        assert r["ms_min"] - 0.5 <= r["ms"] <= r["ms_max"] + 0.5, (mode, loss, r)  # min-max printed as integers
-        assert r["ratio_min"] - 0.005 <= r["ratio"] <= r["ratio_max"] + 0.005, (mode, loss, r)
+        # min-max printed as integers / to 2 decimals: within half a unit of that rounding (and a float's margin)
+        assert r["ms_min"] - 0.51 <= r["ms"] <= r["ms_max"] + 0.51, (mode, loss, r)
+        assert r["ratio_min"] - 0.0051 <= r["ratio"] <= r["ratio_max"] + 0.0051, (mode, loss, r)
         assert 1 <= r["masked"] <= batch * (seq - prompt), (mode, loss, r)
         if loss == "sft":
             assert r["ratio"] == r["ratio_min"] == r["ratio_max"] == r["flop_ratio"] == 1.0, (mode, r)
@@ -106,14 +107,17 @@ def test_train_step_smoke(smoke_runs):
         r = rows[mode, loss]
         limit = float(bound) if bound else float(predicted) + 0.10
         assert float(measured) == r["ratio"] and (bound or float(predicted) == r["flop_ratio"]), (mode, loss, out)
-        assert verdict == ("yes" if float(measured) <= limit else "NO"), (mode, loss, measured, limit, verdict)
+        if abs(float(measured) - limit) > 0.0011:  # the printed figures are rounded: no verdict at the boundary
+            assert verdict == ("yes" if float(measured) <= limit else "NO"), (mode, loss, measured, limit, verdict)
     reuse = re.findall(r"\n  (\w+) gift --beta-refresh-epochs 4: \(gift \+ 3 x gift-reuse\) / 4 = (\S+) x SFT <= 1\.10: "
                        r"(yes|NO) \(K = 1: (\S+), K = infinity: (\S+)\)", out)
     assert len(reuse) == 2, out
     for mode, k4, verdict, k1, kinf in reuse:  # the K = 4 average from the table's own ratios
         gift, cached = rows[mode, "gift"]["ratio"], rows[mode, "gift-reuse"]["ratio"]
         assert (float(k1), float(kinf)) == (gift, cached)
-        assert abs(float(k4) - (gift + 3 * cached) / 4) <= 0.0006 and verdict == ("yes" if float(k4) <= 1.10 else "NO")
+        assert abs(float(k4) - (gift + 3 * cached) / 4) <= 0.0011  # three figures rounded to 3 decimals
+        if abs(float(k4) - 1.10) > 0.0006:
+            assert verdict == ("yes" if float(k4) <= 1.10 else "NO")
 
 
 def test_memory_smoke(smoke_runs):
@@ -129,7 +133,8 @@ def test_memory_smoke(smoke_runs):
     for p, s in ((peak, step), (naive_peak, naive_step)):
         assert positive(p) and 0 <= s <= p, out
     for ours, naive, printed in ((peak, naive_peak, ratio), (step, naive_step, step_ratio)):
-        assert (ours - 0.5) / (naive + 0.5) <= printed <= (ours + 0.5) / max(naive - 0.5, 1e-9), out
+        # MB printed as integers, ratios to 3 decimals: within those roundings (and a float's margin)
+        assert (ours - 0.5) / (naive + 0.5) - 0.0006 <= printed <= (ours + 0.5) / max(naive - 0.5, 1e-9) + 0.0006, out
     whole, v1, own, v2 = re.search(r"gift-ours: whole process (\S+) \((yes|NO)\), the step's own memory (\S+) "
                                    r"\((yes|NO)\)", out).groups()
     assert (float(whole), float(own)) == (ratio, step_ratio)
