@@ -14,6 +14,7 @@ Checked against d1's own stored generations of LLaDA-8B-Instruct (tests/test_eva
 import argparse
 import ast
 import csv
+import hashlib
 import itertools
 import json
 import math
@@ -770,6 +771,7 @@ def main(argv=None):
     cache = None if args.cache == "none" else args.cache
     settings = dict(task=args.task, model=os.path.abspath(args.model),
                     adapter=args.adapter and os.path.abspath(args.adapter), data=os.path.abspath(args.data),
+                    data_sha256=hashlib.sha256(Path(args.data).read_bytes()).hexdigest()[:16],
                     gen_length=gen_length, steps=steps, block_length=args.block_length, batch_size=args.batch_size,
                     shots=args.shots, shot_data=args.shot_data and os.path.abspath(args.shot_data),
                     prompt_style=args.prompt_style, temperature=args.temperature, cache=cache,

@@ -533,6 +533,12 @@ def test_a_rerun_with_other_settings_is_refused_naming_them(tmp_path, one_thread
         E.main(argv + ["--batch-size", "3"])
     with pytest.raises(SystemExit, match="cache None in the file, 'dual' now"):
         E.main(argv + ["--batch-size", "2", "--cache", "dual"])
+    csv_path = tmp_path / "sudoku.csv"
+    original = csv_path.read_text()
+    csv_path.write_text(original.replace("Puzzle,Solution\n", "Puzzle,Solution\n" + original.splitlines()[2] + "\n"))
+    with pytest.raises(SystemExit, match="data_sha256"):  # the test file changed under the same name
+        E.main(argv + ["--batch-size", "2"])
+    csv_path.write_text(original)
     assert (tmp_path / "r.jsonl").read_text() == before
     E.main(argv + ["--batch-size", "2"])  # the same settings: nothing to generate, the same file
     assert (tmp_path / "r.jsonl").read_text() == before
