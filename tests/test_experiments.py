@@ -176,3 +176,26 @@ def test_summarize_pairs_each_run_with_sft_of_the_same_seed():
     assert rows[("steps", "sft")]["cell_acc_mean"] == pytest.approx(61.0)
     assert rows[("steps", "sft")]["cell_acc_std"] == pytest.approx(1.0)
     assert "d_cell_acc" not in rows[("time", "sft")]
+
+
+def test_paired_columns_separate_bases_from_seeds_by_hand():
+    # base 0: differences 1, 2, 3 (mean 2, variance 1); base 1: 4, 4, 4 (mean 4, variance 0)
+    diffs = {(0, 0): 1.0, (0, 1): 2.0, (0, 2): 3.0, (1, 0): 4.0, (1, 1): 4.0, (1, 2): 4.0}
+    c = exp.paired_columns("cell_acc", diffs)
+    assert c["d_cell_acc"] == pytest.approx(3.0) and c["d_cell_acc_wins"] == "6/6"
+    assert c["d_cell_acc_sd_bases"] == pytest.approx(math.sqrt(2.0))  # sd of the base means 2 and 4
+    assert c["d_cell_acc_sd_seeds"] == pytest.approx(math.sqrt(0.5))  # pooled: mean of the variances 1 and 0
+    assert c["d_cell_acc_p"] == pytest.approx(exp.paired_test(list(diffs.values()), [0.0] * 6)["p"])
+    assert c["d_cell_acc_p_bases"] == pytest.approx(exp.t_two_sided_p(3.0 / (math.sqrt(2.0) / math.sqrt(2)), 1))
+
+
+def test_summarize_pairs_runs_by_base_and_seed():
+    def run(name, base, seed, cell):
+        return dict(spec=dict(name=name, budget="steps", base=base, seed=seed), steps=10, step_time_s=0.1 * (1 + (
+            name == "gift")), loop_s=1.0, cell_acc=cell, puzzle_acc=cell, cell_se=1.0, puzzle_se=1.0)
+    # the same seed number on two bases are different pairs: base 1's SFT is 10 points higher
+    results = [run("sft", b, s, 60.0 + 10 * b + s) for b in (0, 1) for s in (0, 1)]
+    results += [run("gift", b, s, 61.0 + 10 * b + s) for b in (0, 1) for s in (0, 1)]
+    row = next(r for r in exp.summarize(results) if r["objective"] == "gift")
+    assert row["d_cell_acc"] == pytest.approx(1.0) and row["d_cell_acc_sd_bases"] == pytest.approx(0.0)
+    assert row["n_runs"] == 4 and row["n_bases"] == 2 and row["step_time_vs_sft"] == pytest.approx(2.0)
