@@ -1460,6 +1460,10 @@ def main(argv=None):
         evaluate_embedded(heldout, checkpoint, opts.seed, next(model.parameters()).device)
     if dist.is_initialized():
         barrier()  # every rank done with every collective before the process group goes
+        # gloo's worker threads drop their last work's tensors after the collective returns, and that needs the GIL;
+        # destroying the group joins those threads while holding it: a deadlock (a hang, or an abort at exit), seen
+        # in gdb with torch 2.13 on CPU. Sleeping releases the GIL and lets them finish first.
+        time.sleep(0.2)
         dist.destroy_process_group()
 
 
