@@ -828,6 +828,7 @@ def main(argv=None):
             os.replace(tmp, out)
             print(f"wrote {out} (every graded item: {records_path})")
     if distributed:
+        time.sleep(0.2)  # let gloo's threads release their last tensors first (see the end of gift.py's main)
         dist.destroy_process_group()
 
 
