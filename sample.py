@@ -209,16 +209,14 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
             eligible = mask_index & in_block  # (B, L), N True in all
             if threshold is not None and not eligible.any():
                 break  # parallel decoding: the block is done early
-            span = None
             if cache is not None and (i == 0 or refresh_cache_every_step):
-                kv_cache = []  # a full forward that stores every position's keys and values
-                if refresh_cache_every_step:
+                kv_cache = []  # a full forward stores every position's keys and values
+                if refresh_cache_every_step:  # fill it now; this step then reads it as a later step does
                     guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache)
-                    span = (block_start, block_end if cache == "dual" else L)
-            elif cache is not None:
-                span = (block_start, block_end if cache == "dual" else L)
-            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id,
-                                   kv_cache if cache is not None else None, span)  # (N, V)
+            reads_cache = cache is not None and (i > 0 or refresh_cache_every_step)
+            span = (block_start, block_end if cache == "dual" else L) if reads_cache else None
+            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache,
+                                   span)  # (N, V)
 
             # candidates: argmax, or Gumbel-max if temperature > 0. The uniforms are drawn over the official
             # (B, L, V), 8 bytes each as there, so that one RNG state gives the official tokens

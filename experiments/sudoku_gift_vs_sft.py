@@ -571,13 +571,13 @@ def run_all(first, second, workers, threads, on_done, commit, reuse_other_commit
 
 def prepare_bases(plan, commit):
     """Every base of --bases, pre-trained side by side (`workers` processes). {b: (model folder, base.json)}."""
-    fields = dataclasses.asdict(plan)
+    fields, ids = dataclasses.asdict(plan), id_list(plan.bases)
     if plan.workers <= 1:
-        done = [prepare_base(fields, b, commit) for b in id_list(plan.bases)]
+        done = [prepare_base(fields, b, commit) for b in ids]
     else:
         ctx = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(plan.workers, mp_context=ctx) as pool:
-            done = list(pool.map(prepare_base, *zip(*[(fields, b, commit) for b in id_list(plan.bases)])))
+            done = list(pool.map(prepare_base, [fields] * len(ids), ids, [commit] * len(ids)))
     return {b: (folder, meta) for b, folder, meta in done}
 
 
