@@ -35,7 +35,7 @@ FORMATS = ("messages", "prompt-response", "s1k", "s1k-1.1")
 ENCODE_CHUNK = 2048  # rows tokenized per encode_batch call: parallel in Rust, bounded memory for big files
 MAX_BAD_ROWS_KEPT = 10  # error messages of skipped rows kept in the stats for the log
 
-# d1 / wd1's instruction before each s1K question (d1 SFT/sft_trainer.py; = ../shared/data/d1_prompts.json)
+# d1 / wd1's instruction before each s1K question (github.com/dllm-reasoning/d1, SFT/sft_trainer.py; a test checks it)
 SFT_SYSTEM_PROMPT = ("\nRespond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n"
                      "<answer>\n...\n</answer>\n")
 
@@ -421,11 +421,11 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
 
 
 def collate(examples, pad_id, pad_to=None):
-    """[(ids, prompt_len)] -> input_ids (B, L) long, prompt_lengths (B,) long.
+    """[(ids, prompt_len)] -> input_ids (B, L) long, answer_mask (B, L) bool (the positions >= prompt_len).
 
     Right-pads with pad_id (LLaDA: <|endoftext|>) to the longest example, or to pad_to (d1 / wd1 pad every
-    example to 4096, which changes what GIFT's beta_ref averages over). Pads are answer positions:
-    answer_mask = torch.arange(L)[None] >= prompt_lengths[:, None]."""
+    example to 4096, which changes what GIFT's beta_ref averages over). Pads are answer positions: the loss is
+    trained on them, as LLaDA's SFT recipe does."""
     if not examples:
         raise ValueError("collate got no examples (an empty micro-batch needs a zero-weight dummy row instead)")
     longest = max(len(ids) for ids, _ in examples)
@@ -436,7 +436,7 @@ def collate(examples, pad_id, pad_to=None):
     for i, (ids, _) in enumerate(examples):
         input_ids[i, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
     prompt_lengths = torch.tensor([prompt_len for _, prompt_len in examples], dtype=torch.long)  # (B,)
-    return input_ids, prompt_lengths
+    return input_ids, torch.arange(L)[None] >= prompt_lengths[:, None]
 
 
 def epoch_order(n, epoch, seed):

@@ -32,11 +32,11 @@ import torch
 import torch.distributed as dist
 
 from data import chat_prompt, check_mask_token, encode, load_tokenizer
-from sample import generate
+from sample import generate, generate_cached
 
 # -----------------------------------------------------------------------------
 # Protocol constants (d1, github.com/dllm-reasoning/d1, eval/{gsm8k,math500,countdown,sudoku}.py, commit 837888f).
-# They must equal ../shared/data/d1_prompts.json character for character (a test checks). Stray spaces, the missing
+# They must equal d1's prompts character for character (tests/data/d1_prompts.json; a test checks). Stray spaces, the missing
 # space before "Respond" in the Countdown prompt and the MATH500 prompt's trailing '" \n' are d1's own.
 
 GSM_SYSTEM_PROMPT = (
@@ -581,7 +581,7 @@ def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_l
     repeats item 0 and drops the result), so a sharded model (FSDP) keeps its collectives in step. The generated
     part is decoded with special tokens kept ("<|eot_id|>", "<|endoftext|>"), as d1 stores and grades it.
     Each item's sampling noise (temperature > 0) comes from item_generator(seed, index).
-    cache, threshold: sample.generate's fast options (None, None = the exact official sampler).
+    cache, threshold: sample.generate_cached's fast options (None, None = sample.generate, the exact sampler).
     done: {index: record} already graded (a resumed run): a batch whose items are all done is not generated again.
     on_batch(records): called on rank 0 with each round's new records, as soon as they exist (streaming).
     log: one progress line per round on rank 0: items done, generated tokens/s, running accuracy, ETA.
@@ -621,10 +621,12 @@ def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_l
             prompt[r, P - len(x):] = torch.tensor(x, dtype=torch.long)
             attention_mask[r, P - len(x):] = 1
         generators = [item_generator(seed, i, device) for i in idx or [0]] if temperature > 0 else None
-        out = generate(raw, prompt.to(device), attention_mask=attention_mask.to(device), steps=steps,
-                       gen_length=gen_length, block_length=block_length, temperature=temperature,
-                       remasking="low_confidence", generator=generators, cache=cache,
-                       threshold=threshold)  # (B, P + gen_length)
+        kw = dict(attention_mask=attention_mask.to(device), steps=steps, gen_length=gen_length,
+                  block_length=block_length, temperature=temperature, remasking="low_confidence", generator=generators)
+        if cache is None and threshold is None:
+            out = generate(raw, prompt.to(device), **kw)  # (B, P + gen_length)
+        else:
+            out = generate_cached(raw, prompt.to(device), **kw, cache=cache, threshold=threshold)
         new = []
         for r, i in enumerate(idx):
             text = tokenizer.decode(out[r, P:].tolist(), skip_special_tokens=False)

@@ -1,6 +1,18 @@
-"""GIFT: Guided Importance-Aware Fine-Tuning of diffusion LMs (paper: ../shared/paper/gift_paper.tex).
+"""GIFT: Guided Importance-Aware Fine-Tuning of masked diffusion LMs (arXiv 2509.20863), on LLaDA.
 
-Part 1, the losses. Every objective in the paper is ONE estimator of the weighted loss of Theorem 1 (eq. 10):
+    torchrun --nproc_per_node 8 gift.py --model LLaDA-8B-Instruct --data s1k.jsonl --lora   # the paper's recipes
+    python gift.py                 # the embedded default: a tiny LLaDA learns 4x4 Sudoku on the CPU, then is evaluated
+
+The file reads in three parts:
+  Part I    GIFT, the paper: masking probabilities and weights (Theorem 1), the entropy pass (Algorithm 1), the
+            objectives, the one loss (Algorithm 2). Tensors in, tensors out; only math and torch: copy it next to
+            any LLaDA (ours, or the official Hugging Face one: hidden states of `output_hidden_states=True` and its
+            `ff_out` head).
+  Part II   Training: the options (`python gift.py --help`), one optimizer step (`train_step`), the loop (`train`).
+  Part III  Long-job machinery, not needed to understand GIFT: fingerprints, the output folder's lock, preemption,
+            checkpoints, the GIFT* cache, the beta cache, distributed helpers; then `main()`.
+
+Every objective in the paper is ONE estimator of the weighted loss of Theorem 1 (eq. 10):
 
     L = sum_i E[ 1[x_t^i = M] * w_i * -log p(x0^i | x_t) ]
 
@@ -25,49 +37,17 @@ dt_i/dt = r_i (1 - t)^(r_i - 1). With the Jacobian (`gift-elbo`) the objective i
 forward process with per-token rates beta_i: for an exact denoiser it equals -log p(x0) for ANY betas, as SFT does.
 Without it (`gift`, what the paper ran) it is a reweighting that is neither -log p(x0) nor a bound on it
 (tests/test_losses.py pins both facts down by exact enumeration).
-
-One optimizer step (`train_step`, Part 2) calls `objective_batch` (the no-grad entropy pass, t, the mask, the
-weights) for every micro-batch and then `diffusion_loss` (the one forward/backward pass) with the global normaliser.
-
-Part 2, the training loop (`train`): a fresh data order every epoch, checkpoints that resume exactly, safe output
-folders and preemption; see README.md "Long runs".
 """
 
-import argparse
-import array
-import contextlib
-import dataclasses
-import fcntl
-import hashlib
-import json
-import math
-import os
-import shutil
-import signal
-import socket
-import sys
-import threading
-import time
-import warnings
-from dataclasses import dataclass, field
-from pathlib import Path
+# =====================================================================================================================
+# Part I. GIFT, the paper (arXiv 2509.20863, section 3 and Algorithms 1-2). Only math and torch: this part is the one
+# to read first and to copy. It never calls a model: the caller runs the model and passes its final hidden states
+# (B, L, D) and its LM head, or the logits themselves (head=None), and the mask token's id.
+# =====================================================================================================================
 
 import torch
-import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_state_dict)
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
-
-from data import (FORMATS, collate, epoch_order, load_dataset, load_tokenizer, make_char_tokenizer,
-                  rank_micro_batches, special_ids, step_batches, sudoku_examples, sudoku_split, tiny_config_for)
-from model import (LLaDA, LLaDAConfig, add_lora, atomic_write_text, load_weight_rows, lora_disabled, lora_layers,
-                   merged_state_dict, save_adapter, stored_dtype, weight_files)
-
-# -----------------------------------------------------------------------------
-# Constants
 
 EPS = 1e-3  # LLaDA's t -> p = (1 - eps) t + eps, keeps 1/p finite
 BETA_POWER = 0.5  # beta_i = H_i^0.5 (eq. 12); 1.0 is the raw-entropy ablation
@@ -76,12 +56,23 @@ DREAM_P = 0.3  # the paper's choice for Dream's geometric kernel (ablation, belo
 # and a chunk holds a few of them at once (bench/memory.py: a quarter of the naive step's memory needs <= 256)
 CE_CHUNK = 256
 
-# -----------------------------------------------------------------------------
-# Masking probabilities p_i: (B, L), 0 on prompt positions
+
+def uniforms(shape, generator, device, dtype=None):
+    """U(0, 1) draws of `shape` (B, ...), in `dtype` (None: torch's default, float32), from one explicit generator (None: torch's global one), or from a list of B
+    generators, one per row. Per-row generators (seeded per example by the training loop) make a row's noise
+    independent of how the batch is split across ranks and micro-batches: N processes then draw what one draws."""
+    if generator is None or isinstance(generator, torch.Generator):
+        where = device if generator is None else generator.device
+        return torch.rand(shape, dtype=dtype, device=where, generator=generator).to(device)
+    return torch.stack([torch.rand(shape[1:], dtype=dtype, device=g.device, generator=g) for g in generator]).to(device)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Masking probabilities p_i (B, L), 0 on prompt positions: SFT's one rate, and Theorem 1's per-token rates
 
 
 def sft_mask_probs(t, answer_mask, eps=EPS):
-    """LLaDA's SFT (paper eq. 1, GUIDELINES.md): every answer token is masked with p = (1 - eps) t + eps.
+    """LLaDA's SFT (eq. 1): every answer token is masked with p = (1 - eps) t + eps.
     t (B,), answer_mask (B, L) bool -> (B, L), 0 on the prompt."""
     p = ((1 - eps) * t + eps)[:, None]  # (B, 1)
     return torch.where(answer_mask, p, 0.0)
@@ -111,8 +102,15 @@ def gift_mask_probs(t, beta, answer_mask, eps=EPS):
     return torch.where(answer_mask, t_i, 0.0)
 
 
-# -----------------------------------------------------------------------------
-# Weights w_i: (B, L), only read at masked answer positions
+def mask_tokens(input_ids, p_mask, u, mask_id):
+    """Algorithm 2, "M'^i ~ Bernoulli(t_i); I' <- (1 - M') I + M' m": token i is masked where its uniform u_i < p_i.
+    p_mask is 0 on the prompt (u < 0 never holds), so the prompt stays clean. Same draws as LLaDA's recipe: one
+    uniform per position. input_ids, p_mask, u (B, L) -> noisy_ids (B, L)."""
+    return torch.where(u < p_mask, mask_id, input_ids)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Weights w_i (B, L), only read at masked answer positions
 
 
 def importance_weights(p_mask, answer_mask):
@@ -145,153 +143,52 @@ def dream_weights(unmasked, p=DREAM_P):
     return 0.5 * unmasked.float() @ geo
 
 
-# -----------------------------------------------------------------------------
-# The forward process: one shared noising function
+# ---------------------------------------------------------------------------------------------------------------------
+# Algorithm 1, the entropy pass: mask the whole answer, one no-grad forward, the entropy at every answer position
 
 
-def uniforms(shape, generator, device):
-    """U(0, 1) draws of `shape` (B, ...) from one explicit generator, or from a list of B generators, one per row.
-    Per-row generators (seeded per example by the training loop) make a row's noise independent of how the batch
-    is split across ranks and micro-batches: N processes then draw exactly what one process draws."""
-    if isinstance(generator, torch.Generator):
-        return torch.rand(shape, generator=generator, device=generator.device).to(device)
-    return torch.stack([torch.rand(shape[1:], generator=g, device=g.device) for g in generator]).to(device)
+def mask_answer(input_ids, answer_mask, mask_id):
+    """Algorithm 1, "I'^i <- (1 - M^i) I^i + M^i m": the input of the entropy pass, the whole answer masked."""
+    return input_ids.masked_fill(answer_mask, mask_id)
 
 
-def draw_t(batch_size, generator, device):
-    """Algorithm 2, "t ~ U(0, 1)": one t per row."""
-    return uniforms((batch_size,), generator, device)
-
-
-def mask_tokens(input_ids, p_mask, mask_id, generator):
-    """Algorithm 2, "M'^i ~ Bernoulli(t_i); I' <- (1 - M') I + M' m": mask each token independently with
-    probability p_mask (B, L). p_mask is 0 on the prompt (u < 0 never holds), so the prompt stays clean.
-    Same draws as LLaDA's recipe: one uniform per position, masked where u < p."""
-    u = uniforms(input_ids.shape, generator, input_ids.device)
-    return torch.where(u < p_mask, mask_id, input_ids)
-
-
-# -----------------------------------------------------------------------------
-# Cross-entropy from hidden states, a chunk of positions at a time
-
-
-def _cross_entropy_chunk(head, h, targets):
-    logits = head(h)  # (c, V)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # softmax in float32 (or float64)
-    return F.cross_entropy(logits, targets, reduction="none")  # (c,)
-
-
-def chunked_cross_entropy(head, h, targets, chunk_size=CE_CHUNK):
-    """-log softmax(head(h))[target] for h (N, D), targets (N,) -> (N,). Only one chunk of (chunk_size, V)
-    logits exists at a time: each chunk is recomputed in backward (activation checkpointing) instead of
-    keeping its logits. With N = 0 one empty chunk still runs, so the head stays in the autograd graph."""
-    losses = []
-    for s in range(0, max(len(h), 1), chunk_size):
-        hc, yc = h[s:s + chunk_size], targets[s:s + chunk_size]
-        if torch.is_grad_enabled():
-            losses.append(checkpoint(_cross_entropy_chunk, head, hc, yc, use_reentrant=False))
-        else:
-            losses.append(_cross_entropy_chunk(head, hc, yc))
-    return torch.cat(losses)
-
-
-# -----------------------------------------------------------------------------
-# The one loss function (the second, gradient-carrying pass)
-
-
-def diffusion_loss(model, input_ids, noisy_ids, weight, answer_mask, norm="answer", denominator=None,
-                   chunk_size=CE_CHUNK, *, mask_id=None):
-    """sum over masked answer tokens of weight * CE(model(noisy_ids), input_ids), normalised.
-    Theorem 1 / Algorithm 2, "S <- sum_i 1[M'^i = 1] / t_i CrossEntropy(z_i, l_i)", with the weight chosen per
-    objective. Masked = noisy_ids holds mask_id (None: the model's config.mask_token_id) AND answer_mask is true.
-    Logits are computed only at masked positions, chunk by chunk (chunked_cross_entropy); the softmax, the
-    weighted sum and the returned 0-dim loss are float32 (float64 for a float64 model).
-
-    norm "answer": each row's sum / that row's answer length (EOS padding counts), then / B: LLaDA's SFT recipe.
-    norm "masked": the total / the number of masked tokens (Algorithm 2, "L <- S / N").
-    denominator: overrides that final divisor (B for "answer", N for "masked"). train_step passes the GLOBAL count,
-    over every rank and accumulation micro-batch, so that the micro-batch losses of all ranks add up to the loss of
-    the whole batch; DDP and FSDP2 AVERAGE gradients over ranks, so it backpropagates loss * world_size.
-    With no masked token the loss is 0 but still connected to every parameter used (DDP does not hang)."""
-    core = getattr(model, "module", model)  # DDP keeps the real module in .module
-    mask_id = core.config.mask_token_id if mask_id is None else mask_id
-    masked = (noisy_ids == mask_id) & answer_mask  # (B, L)
-    h = model(noisy_ids, return_hidden=True)  # (B, L, D)
-    ce = chunked_cross_entropy(core.head, h[masked], input_ids[masked], chunk_size)  # (N,)
-    token_loss = ce * weight[masked].to(ce.dtype)  # (N,)
-    if norm == "answer":
-        n_answer = answer_mask.sum(1, keepdim=True).clamp_min(1).expand_as(masked)  # (B, L) row's answer length
-        total = (token_loss / n_answer[masked]).sum()
-        denominator = len(input_ids) if denominator is None else denominator
-    elif norm == "masked":
-        total = token_loss.sum()
-        denominator = masked.sum().clamp_min(1) if denominator is None else denominator
-    else:
-        raise ValueError(f"gift.py diffusion_loss: norm={norm!r}; use 'answer' or 'masked'")
-    return total / denominator
-
-
-# -----------------------------------------------------------------------------
-# The entropy pass (Algorithm 1): no grad, all answer tokens masked
+def head_logits(head, h):
+    """Logits (c, V) of hidden states h (c, D) in float32 (float64 for a float64 model); head=None: h are logits."""
+    logits = h if head is None else head(h)
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 @torch.no_grad()
-def answer_entropy_and_nll(model, input_ids, answer_mask, chunk_size=CE_CHUNK, *, mask_id=None):
-    """Algorithm 1: mask the whole answer with mask_id (None: the model's config.mask_token_id), one forward pass,
-    and at each answer position the entropy H_i = -sum_j softmax(z_ij) log_softmax(z_ij) and the NLL
-    -log softmax(z_i)[x0^i] (the "nll" ablation's beta, eq. 13). Dropout (LoRA's) is off: the model is put in eval
-    mode and its mode restored. Logits exist for one chunk of answer positions at a time, their softmax in float32
-    (float64 for a float64 model). Allocates and returns H, nll (B, L) float32, 0 off the answer."""
-    core = getattr(model, "module", model)
-    mask_id = core.config.mask_token_id if mask_id is None else mask_id
-    x = input_ids.masked_fill(answer_mask, mask_id)  # Algorithm 1, "I'^i <- (1-M^i) I^i + M^i m"
+def answer_entropy_and_nll(hidden, head, input_ids, answer_mask, chunk_size=CE_CHUNK):
+    """Algorithm 1's entropy H_i = -sum_j softmax(z_ij) log_softmax(z_ij) and the NLL -log softmax(z_i)[x0^i] (the
+    "nll" ablation's beta, eq. 13) at every answer position. hidden (B, L, D): the model's final hidden states on
+    mask_answer(input_ids, ...) (run it in eval mode: no dropout), head: (c, D) -> (c, V) (None: hidden holds the
+    logits). Logits exist for one chunk of answer positions at a time. Returns H, nll (B, L) float32, 0 off the answer."""
     H = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     nll = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    was_training = model.training
-    model.eval()
-    try:
-        h = model(x, return_hidden=True)[answer_mask]  # (N, D)
-        targets = input_ids[answer_mask]  # (N,)
-        H_ans, nll_ans = [], []
-        for s in range(0, len(h), chunk_size):
-            logits = core.head(h[s:s + chunk_size])  # (c, V)
-            logp = F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-            del logits  # two (c, V) tensors alive at a time, not four
-            nll_ans.append(-logp.gather(-1, targets[s:s + chunk_size, None])[:, 0])
-            H_ans.append(-logp.exp().mul_(logp).sum(-1))
-    finally:
-        model.train(was_training)
+    h, targets = hidden[answer_mask], input_ids[answer_mask]  # (N, D), (N,)
+    H_ans, nll_ans = [], []
+    for s in range(0, len(h), chunk_size):
+        logits = head_logits(head, h[s:s + chunk_size])  # (c, V)
+        logp = F.log_softmax(logits, dim=-1)
+        del logits  # two (c, V) tensors alive at a time, not four
+        nll_ans.append(-logp.gather(-1, targets[s:s + chunk_size, None])[:, 0])
+        H_ans.append(-logp.exp().mul_(logp).sum(-1))
     if H_ans:
         H[answer_mask] = torch.cat(H_ans).to(H.dtype)
         nll[answer_mask] = torch.cat(nll_ans).to(nll.dtype)
     return H, nll
 
 
-def entropy_betas(model, input_ids, answer_mask, power=BETA_POWER, chunk_size=CE_CHUNK, *, mask_id=None):
-    """Algorithm 1, "beta_i <- M^i sqrt(H_i)": beta_i = H_i^power at answer positions, 0 elsewhere (eq. 12;
-    power 0.5 is the paper's, 1.0 the raw-entropy ablation). mask_id: as answer_entropy_and_nll. No autograd
-    graph. Allocates and returns (B, L) float32."""
-    H, _ = answer_entropy_and_nll(model, input_ids, answer_mask, chunk_size, mask_id=mask_id)
+def entropy_betas(H, answer_mask, power=BETA_POWER):
+    """Algorithm 1, "beta_i <- M^i sqrt(H_i)": beta_i = H_i^power at answer positions, 0 elsewhere (eq. 12; power
+    0.5 is the paper's, 1.0 the raw-entropy ablation). H (B, L) -> (B, L)."""
     return torch.where(answer_mask, H.clamp_min(0) ** power, 0.0)
 
 
-def reference_betas(model, input_ids, answer_mask, power=BETA_POWER, chunk_size=CE_CHUNK, *, mask_id=None):
-    """GIFT* (Appendix "Discussion on the Rigor"): betas from the frozen INITIAL model, so Q stays fixed during
-    training and Theorem 1 applies as derived. Under LoRA the initial model is the base with the adapters
-    disabled (no extra memory). For full fine-tuning compute entropy_betas(initial_model, ...) once per example
-    before training, cache them, and pass them to objective_batch as ref_betas."""
-    core = getattr(model, "module", model)
-    if not lora_layers(core):
-        raise ValueError("gift.py reference_betas: gift-star needs the initial model's betas, but this model has "
-                         "no LoRA adapters to disable; with full fine-tuning precompute "
-                         "entropy_betas(initial_model, ...) per example and pass ref_betas=")
-    with lora_disabled(core):
-        return entropy_betas(model, input_ids, answer_mask, power, chunk_size, mask_id=mask_id)
-
-
-# -----------------------------------------------------------------------------
-# The objectives: one small function per row of the table at the top of this file. Each maps the draws (t (B,)
-# and the uniforms u (B, L): token i is masked where u_i < p_i) and the betas (B, L) to (p_i, w_i), both (B, L).
+# ---------------------------------------------------------------------------------------------------------------------
+# The objectives: one small function per row of the table at the top of this file. Each maps the draws (t (B,) and
+# the uniforms u (B, L): token i is masked where u_i < p_i) and the betas (B, L) to (p_i, w_i), both (B, L).
 
 
 def sft_objective(t, u, beta, answer_mask, eps):
@@ -341,88 +238,100 @@ LOSSES = tuple(OBJECTIVES)
 DEFAULT_NORM = {name: norm for name, (_, _, norm) in OBJECTIVES.items()}
 
 
-# -----------------------------------------------------------------------------
-# The dispatch: what each objective feeds the shared loss
-
-
-def _masked_mean_std(x, sel):
-    """Mean and (population) std of x[sel]; 0 when sel is empty (no NaN in the logs)."""
-    v = x[sel].float()
-    n = max(v.numel(), 1)
-    mean = v.sum() / n
-    return mean, ((v - mean) ** 2).sum().div(n).sqrt()
-
-
-def first_pass_betas(betas_from, model, input_ids, answer_mask, beta_power=BETA_POWER, *, mask_id=None):
-    """The betas of the no-grad first pass: "entropy" = H_i^beta_power (Algorithm 1), "nll" = -log p(x0^i)
-    (eq. 13), "initial" = the LoRA base's entropies (GIFT*; full fine-tuning caches them instead). (B, L) float32."""
-    if betas_from == "entropy":
-        return entropy_betas(model, input_ids, answer_mask, power=beta_power, mask_id=mask_id)
-    if betas_from == "nll":
-        return answer_entropy_and_nll(model, input_ids, answer_mask, mask_id=mask_id)[1]
-    if betas_from == "initial":
-        return reference_betas(model, input_ids, answer_mask, beta_power, mask_id=mask_id)
-    raise ValueError(f"gift.py first_pass_betas: betas from {betas_from!r}; use entropy, nll or initial")
-
-
-def objective_batch(loss_name, model, input_ids, answer_mask, generator, eps=EPS, beta_power=BETA_POWER,
-                    ref_betas=None, norm=None, *, mask_id=None):
-    """Everything before the gradient pass, for one micro-batch: the no-grad entropy pass when the objective needs
-    it, t ~ U(0, 1), p_i, the noisy sequence and the weights. Returns (noisy_ids, weight, norm, stats) for
-    diffusion_loss(model, input_ids, noisy_ids, weight, answer_mask, norm, denominator=...).
-
-    loss_name: one of LOSSES (OBJECTIVES, the table at the top of this file). norm: None = the objective's default
-    (DEFAULT_NORM), or "answer" / "masked" to hold it fixed across objectives. ref_betas: precomputed (B, L) betas
-    for an objective that uses betas, and then no first pass runs: gift-star's initial-model betas cached per
-    example (full fine-tuning; when None, gift-star uses the LoRA base model), or the betas an entropy pass of an
-    earlier epoch left (--beta-refresh-epochs, BetaCache).
-    mask_id: the token written at masked positions, in the noisy sequence and in the entropy pass; None = the
-    model's config.mask_token_id. Pass the same mask_id to diffusion_loss.
-    Random draws, in order: t (B,), then one uniform per position; an objective whose p_i equals SFT's therefore
-    masks exactly as SFT for the same generator state. Allocates t, the uniforms, p_i, the betas and the weights
-    in float32 (torch's default dtype).
-    stats (0-dim tensors, detached; .item() them when logging): n_masked, n_answer, n_rows, frac_masked,
-    weight_mean (over masked tokens), beta_mean / beta_std and beta_sum / beta_sq_sum (over answer tokens; gift-sw:
-    of its weight)."""
-    if loss_name not in OBJECTIVES:
-        raise ValueError(f"gift.py objective_batch: unknown loss {loss_name!r}; choose one of {LOSSES}")
-    objective, betas_from, default_norm = OBJECTIVES[loss_name]
-    if ref_betas is not None and betas_from is None:
-        raise ValueError(f"gift.py objective_batch: {loss_name!r} uses no betas, yet ref_betas were given")
-    core = getattr(model, "module", model)
-    mask_id = core.config.mask_token_id if mask_id is None else mask_id
-    t = draw_t(len(input_ids), generator, input_ids.device)  # (B,) Algorithm 2, "t ~ U(0, 1)"
+def objective_batch(loss_name, input_ids, answer_mask, generator, mask_id, beta=None, eps=EPS):
+    """Everything between the entropy pass and the gradient pass, for one batch: t ~ U(0, 1), p_i, the noisy
+    sequence and the weights. Returns noisy_ids, weight (B, L) for diffusion_loss; the objective's default
+    normalisation is DEFAULT_NORM[loss_name].
+    beta (B, L): the betas of an objective that uses them (OBJECTIVES' second column; e.g. entropy_betas of
+    answer_entropy_and_nll), None for sft and dream. Random draws, in order: t (B,), then one uniform per position;
+    an objective whose p_i equals SFT's therefore masks exactly as SFT for the same generator state. Float32."""
+    objective, betas_from, _ = OBJECTIVES[loss_name]
+    if (beta is None) != (betas_from is None):
+        raise ValueError(f"gift.py objective_batch: {loss_name!r} " + ("needs betas" if beta is None else
+                                                                       "uses no betas, yet beta was given"))
+    t = uniforms((len(input_ids),), generator, input_ids.device)  # (B,) Algorithm 2, "t ~ U(0, 1)"
     u = uniforms(input_ids.shape, generator, input_ids.device)  # (B, L) token i is masked where u_i < p_i
-
-    # First pass (no grad, Algorithm 1): the betas
-    beta = None
-    if ref_betas is not None:
-        beta = ref_betas.to(input_ids.device)
-    elif betas_from is not None:
-        beta = first_pass_betas(betas_from, model, input_ids, answer_mask, beta_power, mask_id=mask_id)
-
-    # p_i and w_i (the objective), then Algorithm 2's "M'^i ~ Bernoulli(t_i); I' <- (1 - M') I + M' m"
     p_mask, weight = objective(t, u, None if beta is None else beta.to(t.dtype), answer_mask, eps)
-    noisy_ids = torch.where(u < p_mask, mask_id, input_ids)
-
-    with torch.no_grad():
-        masked = (noisy_ids == mask_id) & answer_mask
-        n_masked, n_answer = masked.sum(), answer_mask.sum()
-        stats = dict(n_masked=n_masked, n_answer=n_answer, n_rows=torch.tensor(len(input_ids)),
-                     frac_masked=n_masked / n_answer.clamp_min(1),
-                     weight_mean=_masked_mean_std(weight, masked)[0])
-        if beta is not None:
-            stats["beta_mean"], stats["beta_std"] = _masked_mean_std(beta, answer_mask)
-            b = beta[answer_mask].double()  # sums, so that a step's statistics add up over micro-batches and ranks
-            stats["beta_sum"], stats["beta_sq_sum"] = b.sum(), (b * b).sum()
-    return noisy_ids, weight.detach(), norm or default_norm, stats
+    return mask_tokens(input_ids, p_mask, u, mask_id), weight.detach()
 
 
-# ----------------------------------------------------------------------------- end of the losses
+# ---------------------------------------------------------------------------------------------------------------------
+# The one loss (Theorem 1 / Algorithm 2's second, gradient-carrying pass)
 
-# =============================================================================
-# Training: `torchrun --nproc_per_node N gift.py [options]`, or `python gift.py` for one process.
-# With no --model it trains the embedded default: a tiny LLaDA from scratch on 4x4 Sudoku, then evaluates it.
+
+def _cross_entropy_chunk(head, h, targets):
+    return F.cross_entropy(head_logits(head, h), targets, reduction="none")  # (c,), softmax in float32
+
+
+def chunked_cross_entropy(head, h, targets, chunk_size=CE_CHUNK):
+    """-log softmax(head(h))[target] for h (N, D), targets (N,) -> (N,). Only one chunk of (chunk_size, V)
+    logits exists at a time: each chunk is recomputed in backward (activation checkpointing) instead of
+    keeping its logits. With N = 0 one empty chunk still runs, so the head stays in the autograd graph."""
+    losses = []
+    for s in range(0, max(len(h), 1), chunk_size):
+        hc, yc = h[s:s + chunk_size], targets[s:s + chunk_size]
+        if torch.is_grad_enabled():
+            losses.append(checkpoint(_cross_entropy_chunk, head, hc, yc, use_reentrant=False))
+        else:
+            losses.append(_cross_entropy_chunk(head, hc, yc))
+    return torch.cat(losses)
+
+
+def diffusion_loss(hidden, head, input_ids, noisy_ids, weight, answer_mask, mask_id, norm="answer", denominator=None,
+                   chunk_size=CE_CHUNK):
+    """Theorem 1 / Algorithm 2, "S <- sum_i 1[M'^i = 1] / t_i CrossEntropy(z_i, l_i)", with the weight chosen per
+    objective: the sum over masked answer tokens of weight * CE, normalised. hidden (B, L, D): the model's final
+    hidden states on noisy_ids; head: (c, D) -> (c, V) (None: hidden holds the logits). Masked = noisy_ids holds
+    mask_id AND answer_mask is true. Logits are computed only at masked positions, chunk by chunk; the softmax, the
+    weighted sum and the returned 0-dim loss are float32 (float64 for a float64 model).
+
+    norm "answer": each row's sum / that row's answer length (EOS padding counts), then / B: LLaDA's SFT recipe.
+    norm "masked": the total / the number of masked tokens (Algorithm 2, "L <- S / N").
+    denominator: overrides that final divisor (B for "answer", N for "masked"). Pass the GLOBAL count over every
+    rank and accumulation micro-batch, so that the micro-batch losses of all ranks add up to the loss of the whole
+    batch; DDP and FSDP2 AVERAGE gradients over ranks, so backpropagate loss * world_size.
+    With no masked token the loss is 0 but still connected to the head (DDP does not hang)."""
+    masked = (noisy_ids == mask_id) & answer_mask  # (B, L)
+    ce = chunked_cross_entropy(head, hidden[masked], input_ids[masked], chunk_size)  # (N,)
+    token_loss = ce * weight[masked].to(ce.dtype)  # (N,)
+    if norm == "answer":
+        n_answer = answer_mask.sum(1, keepdim=True).clamp_min(1).expand_as(masked)  # (B, L) row's answer length
+        total = (token_loss / n_answer[masked]).sum()
+        denominator = len(input_ids) if denominator is None else denominator
+    elif norm == "masked":
+        total = token_loss.sum()
+        denominator = masked.sum().clamp_min(1) if denominator is None else denominator
+    else:
+        raise ValueError(f"gift.py diffusion_loss: norm={norm!r}; use 'answer' or 'masked'")
+    return total / denominator
+
+
+# =====================================================================================================================
+# Part II. Training: `torchrun --nproc_per_node N gift.py [options]`, or `python gift.py` for one process. The options
+# (their help strings are `--help`), one optimizer step of Algorithm 2 (`train_step`), and the loop (`train`). With no
+# --model it trains the embedded default: a tiny LLaDA from scratch on 4x4 Sudoku, then evaluates it.
+# =====================================================================================================================
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from data import (FORMATS, collate, epoch_order, load_dataset, load_tokenizer, make_char_tokenizer,
+                  rank_micro_batches, special_ids, step_batches, sudoku_examples, sudoku_split, tiny_config_for)
+from model import LLaDA, LLaDAConfig, add_lora, load_weight_rows, lora_disabled, lora_layers, stored_dtype
+
+DTYPES = ("auto", "bfloat16", "float32")
 
 
 @dataclass
@@ -431,10 +340,13 @@ class TrainOptions:
     model: str = field(default="", metadata={"help": "Hugging Face LLaDA folder (config.json, safetensors, "
                                              "tokenizer.json); empty = the embedded tiny Sudoku task"})
     data: str = field(default="", metadata={"help": "training JSONL (messages, prompt/response, s1K or s1K-1.1)"})
-    data_format: str = field(default="auto", metadata={"help": "auto|" + "|".join(FORMATS)})
+    data_format: str = field(default="auto", metadata={"help": "the JSONL's layout (auto: from the first row)",
+                                                       "choices": ("auto",) + FORMATS})
     out: str = field(default="runs/default", metadata={"help": "output folder: checkpoints, metrics.jsonl"})
-    loss: str = field(default="gift", metadata={"help": "|".join(LOSSES)})
-    norm: str = field(default="", metadata={"help": "answer|masked; empty = the objective's default"})
+    loss: str = field(default="gift", metadata={"help": "objective (the table in gift.py's docstring)",
+                                                "choices": LOSSES})
+    norm: str = field(default="", metadata={"help": "loss normalisation; empty = the objective's default",
+                                            "choices": ("", "answer", "masked")})
     beta_power: float = field(default=0.5, metadata={"help": "beta_i = H_i^power (0.5 = paper; 1.0 = raw entropy)"})
     beta_refresh_epochs: int = field(default=1, metadata={"help": "entropy-pass objectives: an example's betas are "
                                                           "reused for this many epochs (1 = the paper: every visit; "
@@ -453,7 +365,8 @@ class TrainOptions:
     batch_size: int = field(default=1, metadata={"help": "examples per device per micro-step"})
     grad_accum: int = field(default=4, metadata={"help": "micro-steps per optimizer step"})
     lr: float = field(default=1e-5, metadata={"help": "peak learning rate"})
-    schedule: str = field(default="linear", metadata={"help": "linear|cosine|constant decay after warm-up"})
+    schedule: str = field(default="linear", metadata={"help": "decay after warm-up",
+                                                      "choices": ("linear", "cosine", "constant")})
     warmup_steps: int = field(default=0, metadata={"help": "linear warm-up steps"})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay"})
     grad_clip: float = field(default=1.0, metadata={"help": "max gradient norm (0 = off)"})
@@ -461,10 +374,11 @@ class TrainOptions:
     pad_to_max_len: bool = field(default=False, metadata={"help": "pad every batch to max_len, as d1/wd1"})
     skip_bad_rows: bool = field(default=False, metadata={"help": "skip and count malformed rows"})
     seed: int = field(default=42, metadata={"help": "model init, data order, noise and dropout seed"})
-    dtype: str = field(default="auto", metadata={"help": "auto (bf16 on GPU, float32 on CPU)|bfloat16|float32"})
+    dtype: str = field(default="auto", metadata={"help": "compute dtype (auto: bf16 on GPU, float32 on CPU)",
+                                                 "choices": DTYPES})
     activation_checkpointing: bool = field(default=False, metadata={"help": "recompute blocks in backward"})
-    save_dtype: str = field(default="auto", metadata={"help": "exported weights: auto (the base's stored dtype: "
-                                                      "bf16 in, bf16 out)|bfloat16|float32"})
+    save_dtype: str = field(default="auto", metadata={"help": "exported weights (auto: the base's stored dtype: "
+                                                      "bf16 in, bf16 out)", "choices": DTYPES})
     save_merged: bool = field(default=False, metadata={"help": "LoRA: each checkpoint also exports merged/, the "
                                                        "base with the adapters folded in (a Hugging Face folder)"})
     # bookkeeping
@@ -487,29 +401,11 @@ EMBEDDED_GLOBAL_BATCH = 32  # split over the processes, so `python gift.py` and 
 EMBEDDED_PUZZLES = dict(n_train=20000, n_blanks=(2, 8))  # held-out puzzles: --eval-puzzles, 8 blanks as d1's
 # the answer "<answer>{16 digits}</answer><|eot_id|>" is 34 tokens: generate exactly that, one token per step
 EMBEDDED_EVAL = dict(gen_length=34, block_length=34, steps=34, batch_size=64)
-# options that may change between a run and its resumption (the data and the base model may move: their content is
-# checked by fingerprint)
-RESUMABLE_CHANGES = {"out", "resume", "overwrite", "log_every", "save_every", "keep_last", "max_bad_steps",
-                     "eval_puzzles", "epochs", "max_steps", "model", "data", "save_dtype", "save_merged"}
-
-
-def parse_dataclass_flags(parser, cls, argv=None):
-    """One flag per field of the dataclass `cls` (--name-with-dashes, typed, its help from the field's metadata);
-    unknown flags are an error. Returns the fields given on the command line (a flag given as 0 is given)."""
-    for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in (bool, "bool"):
-            parser.add_argument(flag, action="store_true", default=None, help=f.metadata["help"])
-        else:
-            kind = {"int": int, "float": float, "str": str}.get(f.type, f.type) if isinstance(f.type, str) else f.type
-            parser.add_argument(flag, type=kind, default=None,
-                                help=f"{f.metadata['help']} (default {f.default!r})")
-    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
 
 
 def parse_options(argv=None):
-    """TrainOptions from the command line (`python gift.py --help` lists every option)."""
-    parser = argparse.ArgumentParser(description="GIFT / SFT fine-tuning of LLaDA (see README.md)")
+    """TrainOptions from the command line (`python gift.py --help` lists every option), checked before any work."""
+    parser = argparse.ArgumentParser(description="GIFT / SFT fine-tuning of LLaDA (arXiv 2509.20863; see README.md)")
     given = parse_dataclass_flags(parser, TrainOptions, argv)
     opts = TrainOptions(**given)
     if not opts.model:
@@ -518,50 +414,412 @@ def parse_options(argv=None):
                 setattr(opts, k, v)
         if "batch_size" not in given:
             opts.batch_size = max(1, EMBEDDED_GLOBAL_BATCH // int(os.environ.get("WORLD_SIZE", 1)))
-    if opts.loss not in LOSSES:
-        parser.error(f"--loss {opts.loss!r}: choose one of {', '.join(LOSSES)}")
-    if opts.norm not in ("", "answer", "masked"):
-        parser.error(f"--norm {opts.norm!r}: choose answer or masked")
-    if opts.dtype not in ("auto", "bfloat16", "float32"):
-        parser.error(f"--dtype {opts.dtype!r}: choose auto, bfloat16 or float32")
-    if opts.save_dtype not in ("auto", "bfloat16", "float32"):
-        parser.error(f"--save-dtype {opts.save_dtype!r}: choose auto, bfloat16 or float32")
-    if opts.beta_refresh_epochs < 0:
-        parser.error(f"--beta-refresh-epochs {opts.beta_refresh_epochs}: must be 1 (every visit), more, or 0 (never)")
-    if opts.beta_refresh_epochs != 1 and OBJECTIVES[opts.loss][1] not in ("entropy", "nll"):
-        parser.error(f"--beta-refresh-epochs applies to the objectives with a per-step first pass "
-                     f"({', '.join(n for n, o in OBJECTIVES.items() if o[1] in ('entropy', 'nll'))}), "
-                     f"not --loss {opts.loss}")
-    if opts.save_merged and not opts.lora:
-        parser.error("--save-merged needs --lora (a full fine-tuning checkpoint is already a complete model/)")
-    if opts.schedule not in ("linear", "cosine", "constant"):
-        parser.error(f"--schedule {opts.schedule!r}: choose linear, cosine or constant")
-    for name in ("epochs", "batch_size", "grad_accum", "log_every", "keep_last", "lora_r", "max_bad_steps"):
-        if getattr(opts, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be at least 1")
-    for name in ("max_steps", "save_every"):
-        if getattr(opts, name) < 0:
-            parser.error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be 0 (off) or more")
-    if opts.lr < 0:
-        parser.error(f"--lr {opts.lr}: must be positive")
-    if opts.lr == 0:
-        print("warning: --lr 0: the weights will not change", file=sys.stderr)
-    if not 0 <= opts.eps < 1:
-        parser.error(f"--eps {opts.eps}: must be in [0, 1) (t -> (1 - eps) t + eps)")
-    block_linears = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
-    unknown = [t for t in opts.lora_targets.split(",") if t not in block_linears]
-    if opts.lora and unknown:
-        parser.error(f"--lora-targets: {unknown} not among a block's linears {', '.join(block_linears)}")
-    if opts.data and not opts.model:
-        parser.error("--data needs --model (without --model the built-in Sudoku task trains and --data is unused)")
-    if opts.resume and opts.overwrite:
-        parser.error("--resume continues the run in --out, --overwrite deletes it: choose one")
-    if opts.model and not opts.data:
-        parser.error("--model needs --data (a JSONL file)")
+    check_options(opts, parser.error)
     return opts
 
 
-# -----------------------------------------------------------------------------
+def check_options(opts, error):
+    """Every option check that needs no file: `error(message)` for the first one that fails."""
+    if opts.beta_refresh_epochs < 0:
+        error(f"--beta-refresh-epochs {opts.beta_refresh_epochs}: must be 1 (every visit), more, or 0 (never)")
+    if opts.beta_refresh_epochs != 1 and OBJECTIVES[opts.loss][1] not in ("entropy", "nll"):
+        error(f"--beta-refresh-epochs applies to the objectives with a per-step first pass "
+              f"({', '.join(n for n, o in OBJECTIVES.items() if o[1] in ('entropy', 'nll'))}), not --loss {opts.loss}")
+    if opts.save_merged and not opts.lora:
+        error("--save-merged needs --lora (a full fine-tuning checkpoint is already a complete model/)")
+    for name in ("epochs", "batch_size", "grad_accum", "log_every", "keep_last", "lora_r", "max_bad_steps"):
+        if getattr(opts, name) < 1:
+            error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be at least 1")
+    for name in ("max_steps", "save_every"):
+        if getattr(opts, name) < 0:
+            error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be 0 (off) or more")
+    if opts.lr < 0:
+        error(f"--lr {opts.lr}: must be positive")
+    if opts.lr == 0:
+        print("warning: --lr 0: the weights will not change", file=sys.stderr)
+    if not 0 <= opts.eps < 1:
+        error(f"--eps {opts.eps}: must be in [0, 1) (t -> (1 - eps) t + eps)")
+    block_linears = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
+    unknown = [t for t in opts.lora_targets.split(",") if t not in block_linears]
+    if opts.lora and unknown:
+        error(f"--lora-targets: {unknown} not among a block's linears {', '.join(block_linears)}")
+    if opts.data and not opts.model:
+        error("--data needs --model (without --model the built-in Sudoku task trains and --data is unused)")
+    if opts.resume and opts.overwrite:
+        error("--resume continues the run in --out, --overwrite deletes it: choose one")
+    if opts.model and not opts.data:
+        error("--model needs --data (a JSONL file)")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One optimizer step
+
+
+@dataclass
+class MicroBatch:
+    """One rank's micro-batch of one optimizer step (step_micro_batches builds it; train_step fills the last fields)."""
+    input_ids: torch.Tensor  # (B, L) clean sequences, right-padded
+    answer_mask: torch.Tensor  # (B, L) bool: answer positions (padding included), where the loss lives
+    generators: object  # one torch.Generator per row (its t and its mask), or one for the whole micro-batch
+    ref_betas: torch.Tensor = None  # (B, L) precomputed betas: GIFT*'s initial model's, or BetaCache's
+    real: bool = True  # False: a zero-weight dummy row that keeps the DDP / FSDP2 collectives in lockstep
+    indices: list = None  # the rows' example indices
+    stale: torch.Tensor = None  # (B,) bool, BetaCache: rows whose betas the first pass must recompute
+    noisy_ids: torch.Tensor = None  # (B, L) input_ids with the masked positions set to the mask token
+    weight: torch.Tensor = None  # (B, L) w_i
+    beta: torch.Tensor = None  # (B, L) the betas used (None for sft and dream)
+
+
+def first_pass_betas(model, betas_from, input_ids, answer_mask, mask_id, beta_power=BETA_POWER, chunk_size=CE_CHUNK):
+    """Algorithm 1 on our model: the betas of the no-grad first pass, (B, L) float32. "entropy" = H_i^beta_power,
+    "nll" = -log p(x0^i) (eq. 13), "initial" = GIFT*'s betas of the INITIAL model: under LoRA the base with the
+    adapters disabled (full fine-tuning precomputes them: gift_star_betas). Dropout is off during the pass."""
+    core = unwrap(model)
+    if betas_from == "initial" and not lora_layers(core):
+        raise ValueError("gift.py first_pass_betas: gift-star needs the initial model's betas, but this model has no "
+                         "LoRA adapters to disable; with full fine-tuning precompute them and pass ref_betas")
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), lora_disabled(core) if betas_from == "initial" else contextlib.nullcontext():
+            hidden = model(mask_answer(input_ids, answer_mask, mask_id), return_hidden=True)  # (B, L, D)
+            H, nll = answer_entropy_and_nll(hidden, core.head, input_ids, answer_mask, chunk_size)
+    finally:
+        model.train(was_training)
+    return nll if betas_from == "nll" else entropy_betas(H, answer_mask, beta_power)
+
+
+def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, beta_power=BETA_POWER, grad_clip=1.0,
+               autocast=contextlib.nullcontext()):
+    """One optimizer step of Algorithm 2 on a global batch split over ranks and micro-batches (each rank passes its
+    own MicroBatches). norm "": the objective's default (DEFAULT_NORM). Returns a dict: loss (of the whole global
+    batch), grad_norm (before clipping), stepped (False when either is not finite: the update is skipped), and the
+    COUNTS summed over micro-batches and ranks."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    core = unwrap(model)
+    mask_id, device = core.config.mask_token_id, micro_batches[0].input_ids.device
+    params = [p for p in model.parameters() if p.requires_grad]
+    betas_from, norm = OBJECTIVES[loss_name][1], norm or DEFAULT_NORM[loss_name]
+
+    # pass 1, every micro-batch: the betas (GIFT: the no-grad entropy pass, Algorithm 1), t, the mask, the weights
+    for mb in micro_batches:
+        if mb.stale is not None:  # BetaCache: the first pass over the stale rows only
+            refresh_stale_betas(model, mb, betas_from, beta_power, autocast, world, device)
+        with autocast:
+            mb.beta = mb.ref_betas
+            if mb.beta is None and betas_from is not None:
+                mb.beta = first_pass_betas(model, betas_from, mb.input_ids, mb.answer_mask, mask_id, beta_power)
+            mb.noisy_ids, weight = objective_batch(loss_name, mb.input_ids, mb.answer_mask, mb.generators, mask_id,
+                                                   mb.beta, eps)
+        mb.weight = weight if mb.real else torch.zeros_like(weight)
+
+    # the global counts, over micro-batches and ranks: the loss normaliser and the step's statistics
+    counts = dict(zip(COUNTS, all_reduce_sum(step_counts(micro_batches, mask_id), device)))
+
+    # pass 2: the loss with the GLOBAL count over every rank and micro-batch as its denominator, so that the
+    # micro-batch losses of all ranks add up to the loss of the whole batch; DDP and FSDP2 AVERAGE gradients over
+    # ranks, so each rank backpropagates loss * world_size (diffusion_loss's docstring says the same)
+    loss_sum = 0.0
+    denominator = max(counts["n_masked"], 1.0) if norm == "masked" else counts["n_rows"]
+    for j, mb in enumerate(micro_batches):
+        with gradient_sync(model, enabled=j == len(micro_batches) - 1), autocast:
+            hidden = model(mb.noisy_ids, return_hidden=True)  # (B, L, D)
+            loss = diffusion_loss(hidden, core.head, mb.input_ids, mb.noisy_ids, mb.weight, mb.answer_mask, mask_id,
+                                  norm, denominator)
+            (loss * world).backward()
+        loss_sum += float(loss.detach())
+    loss = all_reduce_sum([loss_sum], device)[0]
+
+    # clip the gradient, then step the optimizer unless the loss or the gradient is not finite (a skipped step
+    # changes no weight)
+    if grad_clip > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    else:
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    stepped = math.isfinite(loss) and math.isfinite(grad_norm)
+    if stepped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return dict(loss=loss, grad_norm=grad_norm, stepped=stepped, **counts)
+
+
+# the per-step sums train_step all-reduces: the loss normalisers and the logged statistics
+COUNTS = ("n_rows", "n_masked", "n_answer", "n_tokens", "beta_n", "beta_sum", "beta_sq_sum")
+
+
+@torch.no_grad()
+def step_counts(micro_batches, mask_id):
+    """This rank's COUNTS over its real micro-batches: rows, masked and answer tokens, padded tokens, and the betas'
+    sums (float64, so that a step's statistics add up over micro-batches and ranks)."""
+    local = dict.fromkeys(COUNTS, 0.0)
+    for mb in (mb for mb in micro_batches if mb.real):
+        n_answer = float(mb.answer_mask.sum())
+        local["n_rows"] += len(mb.input_ids)
+        local["n_masked"] += float(((mb.noisy_ids == mask_id) & mb.answer_mask).sum())
+        local["n_answer"] += n_answer
+        local["n_tokens"] += mb.input_ids.numel()
+        if mb.beta is not None:
+            b = mb.beta.to(mb.input_ids.device)[mb.answer_mask].double()
+            local["beta_n"] += n_answer
+            local["beta_sum"] += float(b.sum())
+            local["beta_sq_sum"] += float((b * b).sum())
+    return [local[k] for k in COUNTS]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The loop
+
+
+def train_loop(opts, preemption):
+    """The whole run on every rank (`train` claims the output folder and catches preemption signals first): set-up,
+    the model and the data, resume, then one optimizer step per iteration with its bookkeeping (log, checkpoint,
+    preemption). Returns (model, tokenizer, held-out puzzles or None, the last checkpoint's folder)."""
+    rank, world, device = setup_distributed()
+    out = Path(opts.out)
+    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
+             "bfloat16": torch.bfloat16, "float32": torch.float32}[opts.dtype]
+    # bf16: autocast on the CPU as on a GPU (one code path); norms, softmax and losses stay float32 (model.py, above)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16 else contextlib.nullcontext()
+    candidates = broadcast_object(on_rank0(lambda: resume_candidates(out))) if opts.resume else []
+
+    # the model, the tokenizer and the data (every rank builds the same); refuse to resume with other ones early
+    task = load_task(opts, rank, dtype)
+    if candidates:
+        check_resumable(out / "checkpoints" / candidates[0], opts, world, task.fingerprints)
+    lora = (dict(r=opts.lora_r, alpha=opts.lora_alpha, dropout=opts.lora_dropout,
+                 targets=tuple(opts.lora_targets.split(","))) if opts.lora else None)
+    model = wrap_model(task.model, device, dtype, world, lora, opts.activation_checkpointing, opts.seed)
+    if opts.model and not opts.lora:
+        load_weight_rows(model, opts.model, rank, world)  # full fine-tuning: each rank reads only its rows
+
+    # the optimizer and the learning-rate schedule
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=opts.weight_decay)
+    global_batch = opts.batch_size * opts.grad_accum * world
+    total_steps = opts.epochs * math.ceil(len(task.examples) / global_batch)
+    total_steps = min(total_steps, opts.max_steps) if opts.max_steps else total_steps
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(opts.schedule, opts.warmup_steps, total_steps))
+
+    # GIFT*: the betas of the INITIAL model, so before any checkpoint is loaded (Appendix "GIFT*"); --beta-refresh-epochs
+    ref_betas = None
+    if opts.loss == "gift-star":
+        length = opts.max_len if opts.pad_to_max_len else max(len(ids) for ids, _ in task.examples)
+        with autocast:
+            ref_betas = gift_star_betas(model, task.examples, out / "ref_betas.pt", task.pad_id, length, opts.batch_size,
+                                        device, dict(task.fingerprints, beta_power=opts.beta_power, length=length),
+                                        opts.beta_power)
+    beta_cache = BetaCache(len(task.examples), opts.beta_refresh_epochs) if opts.beta_refresh_epochs != 1 else None
+
+    # resume: the model, the optimizer, the schedule, the RNG states and the beta cache, or a fresh start
+    torch.manual_seed(opts.seed * 1000 + rank)  # LoRA dropout draws from each rank's global generator
+    state, window = resume(candidates, out, model, optimizer, scheduler, beta_cache, opts, world, task.fingerprints)
+    metrics = open(out / "metrics.jsonl", "a") if rank == 0 else None
+    first_step, t_attempt, t_last = state.step, time.time(), time.time()
+    batches, batches_epoch = [], None
+    model.train()
+    while state.step < total_steps:
+        # -------------------------------------------------------------------------------------------------------------
+        # one training step
+        if batches_epoch != state.epoch:  # epoch e's own permutation: it depends only on (seed, e)
+            batches = step_batches(epoch_order(len(task.examples), state.epoch, opts.seed), global_batch)
+            batches_epoch = state.epoch
+        micro_batches = step_micro_batches(task.examples, batches[state.step_in_epoch], state.epoch, rank, world,
+                                           opts.batch_size, opts.grad_accum, task.pad_id, device, opts.seed,
+                                           opts.max_len if opts.pad_to_max_len else 0, ref_betas)
+        if beta_cache:
+            beta_cache.attach(micro_batches, state.epoch)
+        result = train_step(model, optimizer, micro_batches, opts.loss, opts.norm, opts.eps, opts.beta_power,
+                            opts.grad_clip, autocast)
+        scheduler.step()
+        if beta_cache:
+            beta_cache.update(micro_batches, state.epoch)
+        # -------------------------------------------------------------------------------------------------------------
+        # bookkeeping: where we are, the log, a checkpoint (and rotation), preemption
+        epoch = state.epoch
+        epoch_done = state.advance(result, len(batches), opts.max_bad_steps, out)
+        t_last = state.add_time(t_last)
+        window.append(result)
+        if state.step % opts.log_every == 0 or state.step == total_steps:
+            eta_s = (time.time() - t_attempt) / (state.step - first_step) * (total_steps - state.step)
+            log(metrics, log_record(window, state, epoch, total_steps, scheduler.get_last_lr()[0], eta_s))
+            window = []
+        signum = all_reduce_max(preemption.signum, device)
+        if ((opts.save_every and state.step % opts.save_every == 0) or (not opts.save_every and epoch_done)
+                or state.step == total_steps or signum):
+            save_and_rotate(model, optimizer, scheduler, state, window, beta_cache, opts, world, task, out)
+        if signum:
+            print0(f"preempted by {signal.Signals(signum).name} at step {state.step}: checkpoint "
+                   f"{out / 'checkpoints' / state.checkpoints[-1]} written; resume with --resume")
+            raise SystemExit(128 + signum)
+
+    final = out / "checkpoints" / state.checkpoints[-1]
+    print0(f"done: {state.step} steps in {state.elapsed_s:.0f} s; checkpoint {final}")
+    return model, task.tokenizer, task.heldout, final
+
+
+def lr_lambda(schedule, warmup_steps, total_steps):
+    """The learning-rate factor of optimizer step `step`: linear warm-up, then linear / cosine decay or constant."""
+    def f(step):
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        if schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+    return f
+
+
+def example_generator(seed, epoch, index, device):
+    """The noise of example `index` in `epoch` (its t and its mask) comes from its own seeded generator: the draws
+    do not depend on the batch layout (N ranks draw what one process draws) and a resumed run redraws them."""
+    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
+
+
+def step_micro_batches(examples, step_indices, epoch, rank, world, micro_batch, accum, pad_id, device, seed,
+                       pad_to=0, ref_betas=None):
+    """This rank's `accum` MicroBatches of one optimizer step (data.rank_micro_batches), on `device`. Micro-batch j
+    is padded to its longest example over ALL ranks: pads are answer positions and are trained on, so padding must
+    not depend on the split for N ranks to compute what one process computes. pad_to > 0 pads every micro-batch to
+    that length instead. An empty micro-batch becomes a zero-weight dummy row."""
+    everyone = [rank_micro_batches(step_indices, r, world, micro_batch, accum) for r in range(world)]
+    batches = []
+    for j, indices in enumerate(everyone[rank]):
+        rows = indices or [step_indices[0]]
+        L = pad_to or max(len(examples[i][0]) for i in rows + [i for part in everyone for i in part[j]])
+        input_ids, answer_mask = collate([examples[i] for i in rows], pad_id, pad_to=L)
+        batches.append(MicroBatch(
+            input_ids.to(device), answer_mask.to(device), [example_generator(seed, epoch, i, device) for i in rows],
+            None if ref_betas is None else ref_betas[rows, :L].to(device), real=bool(indices), indices=rows))
+    return batches
+
+
+@dataclass
+class Task:
+    """What the loop trains on: the model (not yet wrapped), its tokenizer and the data, and what checkpoints record."""
+    model: LLaDA
+    tokenizer: object
+    examples: list  # [(token ids, prompt length)]
+    pad_id: int
+    fingerprints: dict  # of the data and the base model: --resume refuses others
+    export: "Export"  # what each checkpoint exports besides its training state
+    heldout: list = None  # the embedded task's held-out (puzzle, solution) pairs
+
+
+def load_task(opts, rank, dtype):
+    """The base model (LoRA: loaded in `dtype`; full fine-tuning: on the meta device, filled after sharding), its
+    tokenizer and the tokenised data, or the embedded task. Prints the data's summary."""
+    out = Path(opts.out)
+    if not opts.model:
+        tokenizer, config, model, examples, heldout = build_embedded_task(opts.seed, opts.eval_puzzles)
+        if rank == 0:
+            tokenizer.save(str(out / "tokenizer.json"))
+        barrier()
+        print0(f"data: {len(examples)} examples {{'held_out_puzzles': {len(heldout)}}}")
+        export = Export(dtype=save_dtype(opts, torch.float32), files=[out / "tokenizer.json"], base_name="embedded")
+        fingerprints = dict(data=data_fingerprint(examples), examples=len(examples), model=tensors_fingerprint(model))
+        return Task(model, tokenizer, examples, special_ids(tokenizer, config).pad, fingerprints, export, heldout)
+    tokenizer = load_tokenizer(opts.model)
+    if opts.lora:
+        model = LLaDA.from_pretrained(opts.model, dtype=dtype)
+    else:
+        with torch.device("meta"):
+            model = LLaDA(LLaDAConfig.from_json(Path(opts.model) / "config.json"))
+    if opts.max_len > model.config.max_sequence_length:  # longer than the base was trained on
+        print0(f"warning: --max-len {opts.max_len} exceeds the model's max_sequence_length "
+               f"{model.config.max_sequence_length} ({Path(opts.model) / 'config.json'}); using "
+               f"--max-len {model.config.max_sequence_length}")
+        opts.max_len = model.config.max_sequence_length
+    examples, stats = load_dataset(opts.data, tokenizer, fmt=opts.data_format, max_len=opts.max_len,
+                                   skip_bad_rows=opts.skip_bad_rows)
+    print0(f"data: {len(examples)} examples {stats}")
+    files = [f for f in Path(opts.model).iterdir() if f.is_file() and not f.name.endswith(".safetensors")
+             and f.name not in ("config.json", "model.safetensors.index.json")]
+    export = Export(dtype=save_dtype(opts, stored_dtype(opts.model)), files=files, base_name=opts.model,
+                    merged=opts.save_merged)
+    fingerprints = dict(data=data_fingerprint(examples), examples=len(examples), model=folder_fingerprint(opts.model))
+    return Task(model, tokenizer, examples, special_ids(tokenizer, model.config).pad, fingerprints, export)
+
+
+def save_dtype(opts, base_dtype):
+    return base_dtype if opts.save_dtype == "auto" else getattr(torch, opts.save_dtype)
+
+
+def build_embedded_task(seed, eval_puzzles):
+    """The tiny default: a char-level tokenizer with LLaDA's special tokens, a tiny LLaDA initialised from the
+    seed (identical on every rank), and Sudoku puzzles split into train / held-out with no puzzle in both."""
+    tokenizer = make_char_tokenizer()
+    config = tiny_config_for(tokenizer, **EMBEDDED_MODEL)
+    model = LLaDA(config).init_weights(torch.Generator().manual_seed(seed))
+    train_pairs, _ = sudoku_split(EMBEDDED_PUZZLES["n_train"], 0, EMBEDDED_PUZZLES["n_blanks"], seed=seed)
+    _, heldout = sudoku_split(0, eval_puzzles, 8, seed=seed + 1)
+    heldout = [pair for pair in heldout if pair[0] not in {p for p, _ in train_pairs}]
+    return tokenizer, config, model, sudoku_examples(tokenizer, train_pairs), heldout
+
+
+def evaluate_embedded(heldout, checkpoint, seed, device):
+    """Held-out Sudoku accuracy (eval.py's grader: correct cells among the blanks) of the trained checkpoint and,
+    for scale, of the same architecture untrained. Every rank loads the saved folder and grades a slice."""
+    from eval import SUDOKU_QUESTION, evaluate  # here, not at the top: importing gift.py does not import eval.py
+    items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
+    trained = LLaDA.from_pretrained(checkpoint / "model", device=device)
+    tokenizer = load_tokenizer(checkpoint / "model")
+    untrained = LLaDA(trained.config).init_weights(torch.Generator().manual_seed(seed)).to(device)
+    results = {}
+    for name, model in (("untrained", untrained), ("trained", trained)):
+        t0 = time.time()
+        acc, records = evaluate(model, tokenizer, items, "sudoku", prompt_style="plain", **EMBEDDED_EVAL)
+        if records is not None:
+            solved = sum(r["correct_cells"] == r["empty_cells"] for r in records) / len(records)
+            results[name] = acc
+            print0(f"held-out Sudoku ({len(records)} puzzles, {name}): cell accuracy {acc:.1f}%, "
+                   f"whole puzzles solved {100 * solved:.1f}% ({time.time() - t0:.0f} s)")
+    return results
+
+
+# =====================================================================================================================
+# Part III. Long-job machinery, not needed to understand GIFT: what lets an 8-GPU run go on for hours, stop at any
+# moment and continue exactly. Distributed helpers; fingerprints; the output folder's lock; preemption; checkpoints
+# (save, validate, load, fall back); the GIFT* cache; the beta cache of --beta-refresh-epochs; the metrics log; main().
+# =====================================================================================================================
+
+import array
+import fcntl
+import hashlib
+import shutil
+import socket
+import threading
+import warnings
+
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
+
+from model import atomic_write_text, merged_state_dict, save_adapter, weight_files
+
+# options that may change between a run and its resumption (the data and the base model may move: their content is
+# checked by fingerprint)
+RESUMABLE_CHANGES = {"out", "resume", "overwrite", "log_every", "save_every", "keep_last", "max_bad_steps",
+                     "eval_puzzles", "epochs", "max_steps", "model", "data", "save_dtype", "save_merged"}
+
+
+def parse_dataclass_flags(parser, cls, argv=None):
+    """One flag per field of the dataclass `cls` (--name-with-dashes, typed, its help and choices from the field's
+    metadata); unknown flags are an error. Returns the fields given on the command line (a flag given as 0 is given)."""
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in (bool, "bool"):
+            parser.add_argument(flag, action="store_true", default=None, help=f.metadata["help"])
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(f.type, f.type) if isinstance(f.type, str) else f.type
+            parser.add_argument(flag, type=kind, default=None, choices=f.metadata.get("choices"),
+                                help=f"{f.metadata['help']} (default {f.default!r})")
+    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Distributed set-up, straight from torchrun's environment (one process works without torchrun)
 
 
@@ -648,22 +906,6 @@ def quiet_single_process_dcp():
         yield
 
 
-# -----------------------------------------------------------------------------
-# Model and data
-
-
-def build_embedded_task(seed, eval_puzzles):
-    """The tiny default: a char-level tokenizer with LLaDA's special tokens, a tiny LLaDA initialised from the
-    seed (identical on every rank), and Sudoku puzzles split into train / held-out with no puzzle in both."""
-    tokenizer = make_char_tokenizer()
-    config = tiny_config_for(tokenizer, **EMBEDDED_MODEL)
-    model = LLaDA(config).init_weights(torch.Generator().manual_seed(seed))
-    train_pairs, _ = sudoku_split(EMBEDDED_PUZZLES["n_train"], 0, EMBEDDED_PUZZLES["n_blanks"], seed=seed)
-    _, heldout = sudoku_split(0, eval_puzzles, 8, seed=seed + 1)
-    heldout = [pair for pair in heldout if pair[0] not in {p for p, _ in train_pairs}]
-    return tokenizer, config, model, sudoku_examples(tokenizer, train_pairs), heldout
-
-
 def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=False, seed=0):
     """lora=None: full fine-tuning; float32 master weights, sharded with FSDP2 over `world` > 1 processes (one
     group per block, then the root), computing in `dtype` with float32 gradient reductions.
@@ -694,23 +936,20 @@ def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=
 
 
 def unwrap(model):
+    """The model itself: DDP keeps it in .module (FSDP2 does not wrap)."""
     return getattr(model, "module", model)
 
 
-def lr_lambda(schedule, warmup_steps, total_steps):
-    """The learning-rate factor of optimizer step `step`: linear warm-up, then linear / cosine decay or constant."""
-    def f(step):
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        if schedule == "linear":
-            return max(0.0, 1.0 - progress)
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-        return 1.0
-    return f
+def gradient_sync(model, enabled):
+    """Skip the gradient all-reduce on all but the last micro-step (DDP: no_sync; FSDP2: requires_gradient_sync)."""
+    if isinstance(model, DDP):
+        return contextlib.nullcontext() if enabled else model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(enabled)
+    return contextlib.nullcontext()
 
 
+# ---------------------------------------------------------------------------------------------------------------------
 # Fingerprints, saved with every checkpoint: --resume refuses other data or another base model, and they key the
 # GIFT* cache. Short sha256 prefixes.
 
@@ -757,53 +996,49 @@ def tensors_fingerprint(model):
     return h.hexdigest()[:16]
 
 
-# -----------------------------------------------------------------------------
-# One optimizer step
+# ---------------------------------------------------------------------------------------------------------------------
+# GIFT*: the initial model's betas, computed once per example before training and cached in <out>/ref_betas.pt
 
 
-@dataclass
-class MicroBatch:
-    """One rank's micro-batch of one optimizer step. Pass 1 of train_step fills the fields after `real`."""
-    input_ids: torch.Tensor  # (B, L) clean sequences, right-padded
-    answer_mask: torch.Tensor  # (B, L) bool: answer positions (padding included), where the loss lives
-    generators: object  # one torch.Generator per row (its t and its mask), or one for the whole micro-batch
-    ref_betas: torch.Tensor = None  # (B, L) precomputed betas: GIFT*'s initial model's, or BetaCache's
-    real: bool = True  # False: a zero-weight dummy row that keeps the DDP / FSDP2 collectives in lockstep
-    indices: list = None  # the rows' example indices
-    stale: torch.Tensor = None  # (B,) bool, BetaCache: rows whose betas the first pass must recompute
-    noisy_ids: torch.Tensor = None  # (B, L) input_ids with the masked positions set to the mask token
-    weight: torch.Tensor = None  # (B, L) w_i
-    norm: str = ""  # "answer" or "masked"
-    stats: dict = None  # objective_batch's statistics
+@torch.no_grad()
+def initial_model_betas(model, examples, pad_id, length, batch_size, device, beta_power=BETA_POWER):
+    """Algorithm 1 with the model as it is now, adapters disabled under LoRA: call it before any checkpoint is
+    loaded and it gives GIFT*'s betas of the INITIAL model. Each example padded to `length` (a batch of length
+    L < length uses the first L). Returns (len(examples), length) float32 on the CPU."""
+    rows = []
+    mask_id = unwrap(model).config.mask_token_id
+    betas_from = "initial" if lora_layers(unwrap(model)) else "entropy"
+    for start in range(0, len(examples), batch_size):
+        input_ids, answer_mask = collate(examples[start:start + batch_size], pad_id, pad_to=length)
+        betas = first_pass_betas(model, betas_from, input_ids.to(device), answer_mask.to(device), mask_id, beta_power)
+        rows.append(betas.float().cpu())
+    return torch.cat(rows) if rows else torch.zeros(0, length)
 
 
-# the per-step sums train_step all-reduces: the loss normalisers and the logged statistics
-COUNTS = ("n_rows", "n_masked", "n_answer", "n_tokens", "beta_n", "beta_sum", "beta_sq_sum")
+def gift_star_betas(model, examples, path, pad_id, length, batch_size, device, key, beta_power=BETA_POWER):
+    """initial_model_betas for the whole dataset, the ranks splitting the examples, cached in `path` under `key`
+    (the fingerprints of the data and the base model, beta_power, length): a resumed run reads them back, a run on
+    other data or another base recomputes them. (len(examples), length) float32 on the CPU."""
+    if path.exists():
+        cache = torch.load(path)
+        if cache.get("key") == key:
+            return cache["betas"]
+        print0(f"{path}: computed for other data, another base model or other settings; recomputing")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    mine = list(range(rank, len(examples), world))
+    padded = mine + [0] * (math.ceil(len(examples) / world) - len(mine))  # equal batches: FSDP2's forward is collective
+    part = initial_model_betas(model, [examples[i] for i in padded], pad_id, length, batch_size, device, beta_power)
+    betas = torch.zeros(len(examples), length)
+    for r, part_r in enumerate(gather_objects(part[:len(mine)])):
+        betas[r::world] = part_r
+    if is_rank0():
+        torch.save({"key": key, "betas": betas}, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+    return betas
 
 
-def example_generator(seed, epoch, index, device):
-    """The noise of example `index` in `epoch` (its t and its mask) comes from its own seeded generator: the draws
-    do not depend on the batch layout (N ranks draw what one process draws) and a resumed run redraws them."""
-    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
-
-
-def step_micro_batches(examples, step_indices, epoch, rank, world, micro_batch, accum, pad_id, device, seed,
-                       pad_to=0, ref_betas=None):
-    """This rank's `accum` MicroBatches of one optimizer step (data.rank_micro_batches), on `device`. Micro-batch j
-    is padded to its longest example over ALL ranks: pads are answer positions and are trained on, so padding must
-    not depend on the split for N ranks to compute what one process computes. pad_to > 0 pads every micro-batch to
-    that length instead. An empty micro-batch becomes a zero-weight dummy row."""
-    everyone = [rank_micro_batches(step_indices, r, world, micro_batch, accum) for r in range(world)]
-    batches = []
-    for j, indices in enumerate(everyone[rank]):
-        rows = indices or [step_indices[0]]
-        L = pad_to or max(len(examples[i][0]) for i in rows + [i for part in everyone for i in part[j]])
-        input_ids, prompt_lengths = collate([examples[i] for i in rows], pad_id, pad_to=L)
-        answer_mask = torch.arange(L)[None] >= prompt_lengths[:, None]  # (B, L)
-        batches.append(MicroBatch(
-            input_ids.to(device), answer_mask.to(device), [example_generator(seed, epoch, i, device) for i in rows],
-            None if ref_betas is None else ref_betas[rows, :L].to(device), real=bool(indices), indices=rows))
-    return batches
+# ---------------------------------------------------------------------------------------------------------------------
+# --beta-refresh-epochs K: the betas of the entropy pass reused for K epochs
 
 
 class BetaCache:
@@ -854,67 +1089,6 @@ class BetaCache:
         self.epoch, self.betas = state["epoch"], list(state["betas"])
 
 
-def gradient_sync(model, enabled):
-    """Skip the gradient all-reduce on all but the last micro-step (DDP: no_sync; FSDP2: requires_gradient_sync)."""
-    if isinstance(model, DDP):
-        return contextlib.nullcontext() if enabled else model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(enabled)
-    return contextlib.nullcontext()
-
-
-def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, beta_power=BETA_POWER, grad_clip=1.0,
-               autocast=contextlib.nullcontext()):
-    """One optimizer step of Algorithm 2 on a global batch split over ranks and micro-batches (each rank passes its
-    own MicroBatches). norm "": the objective's default (DEFAULT_NORM). Returns a dict: loss (of the whole global
-    batch), grad_norm (before clipping), stepped (False when either is not finite: the update is skipped), and the
-    COUNTS summed over micro-batches and ranks."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    device = micro_batches[0].input_ids.device
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    # pass 1, every micro-batch: t, the mask and the weights (GIFT: first the no-grad entropy pass, Algorithm 1)
-    for mb in micro_batches:
-        if mb.stale is not None:  # BetaCache: the first pass over the stale rows only
-            refresh_stale_betas(model, mb, OBJECTIVES[loss_name][1], beta_power, autocast, world, device)
-        with autocast:
-            mb.noisy_ids, weight, default_norm, mb.stats = objective_batch(
-                loss_name, model, mb.input_ids, mb.answer_mask, mb.generators, eps=eps, beta_power=beta_power,
-                ref_betas=mb.ref_betas)
-        mb.weight = weight if mb.real else torch.zeros_like(weight)
-        mb.norm = norm or default_norm
-        mb.stats.update(n_tokens=mb.input_ids.numel(), beta_n=mb.stats["n_answer"] if "beta_sum" in mb.stats else 0)
-
-    # the global counts, over micro-batches and ranks: the loss normaliser and the step's statistics
-    local = [sum(float(mb.stats.get(k, 0)) for mb in micro_batches if mb.real) for k in COUNTS]
-    counts = dict(zip(COUNTS, all_reduce_sum(local, device)))
-
-    # pass 2: the loss with the GLOBAL count over every rank and micro-batch as its denominator, so that the
-    # micro-batch losses of all ranks add up to the loss of the whole batch; DDP and FSDP2 AVERAGE gradients over
-    # ranks, so each rank backpropagates loss * world_size (diffusion_loss's docstring says the same)
-    loss_sum = 0.0
-    for j, mb in enumerate(micro_batches):
-        denominator = max(counts["n_masked"], 1.0) if mb.norm == "masked" else counts["n_rows"]
-        with gradient_sync(model, enabled=j == len(micro_batches) - 1), autocast:
-            loss = diffusion_loss(model, mb.input_ids, mb.noisy_ids, mb.weight, mb.answer_mask, norm=mb.norm,
-                                  denominator=denominator)
-            (loss * world).backward()
-        loss_sum += float(loss.detach())
-    loss = all_reduce_sum([loss_sum], device)[0]
-
-    # clip, then update unless the loss or the gradient is not finite (a skipped step changes no weight)
-    if grad_clip > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    else:
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-    stepped = math.isfinite(loss) and math.isfinite(grad_norm)
-    if stepped:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return dict(loss=loss, grad_norm=grad_norm, stepped=stepped, **counts)
-
-
 def refresh_stale_betas(model, mb, betas_from, beta_power, autocast, world, device):
     """BetaCache: write the first pass's betas of mb's stale rows into mb.ref_betas. With several ranks, every rank
     runs a pass when any rank has a stale row (FSDP2's forward is collective): a rank with none runs its first row
@@ -925,53 +1099,13 @@ def refresh_stale_betas(model, mb, betas_from, beta_power, autocast, world, devi
         return
     rows = stale if n_stale else torch.arange(len(stale), device=device) == 0
     with autocast:
-        fresh = first_pass_betas(betas_from, model, mb.input_ids[rows], mb.answer_mask[rows], beta_power)
+        fresh = first_pass_betas(model, betas_from, mb.input_ids[rows], mb.answer_mask[rows],
+                                 unwrap(model).config.mask_token_id, beta_power)
     if n_stale:
         mb.ref_betas[stale] = fresh.to(mb.ref_betas.dtype)
 
 
-# -----------------------------------------------------------------------------
-# GIFT*: the initial model's betas, computed once per example before training
-
-
-@torch.no_grad()
-def initial_model_betas(model, examples, pad_id, length, batch_size, device, beta_power=BETA_POWER):
-    """Algorithm 1 with the model as it is now, adapters disabled under LoRA: call it before any checkpoint is
-    loaded and it gives GIFT*'s betas of the INITIAL model. Each example padded to `length` (a batch of length
-    L < length uses the first L). Returns (len(examples), length) float32 on the CPU."""
-    rows = []
-    with lora_disabled(unwrap(model)):
-        for start in range(0, len(examples), batch_size):
-            input_ids, prompt_lengths = collate(examples[start:start + batch_size], pad_id, pad_to=length)
-            answer_mask = torch.arange(length)[None] >= prompt_lengths[:, None]  # (B, L)
-            betas = entropy_betas(model, input_ids.to(device), answer_mask.to(device), power=beta_power)
-            rows.append(betas.float().cpu())
-    return torch.cat(rows) if rows else torch.zeros(0, length)
-
-
-def gift_star_betas(model, examples, path, key, pad_id, length, batch_size, device, beta_power=BETA_POWER):
-    """initial_model_betas for the whole dataset, the ranks splitting the examples, cached in `path` under `key`
-    (the fingerprints of the data and the base model, beta_power, length): a resumed run reads them back, a run on
-    other data or another base recomputes them. (len(examples), length) float32 on the CPU."""
-    if path.exists():
-        cache = torch.load(path)
-        if cache.get("key") == key:
-            return cache["betas"]
-        print0(f"{path}: computed for other data, another base model or other settings; recomputing")
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    mine = list(range(rank, len(examples), world))
-    padded = mine + [0] * (math.ceil(len(examples) / world) - len(mine))  # equal batches: FSDP2's forward is collective
-    part = initial_model_betas(model, [examples[i] for i in padded], pad_id, length, batch_size, device, beta_power)
-    betas = torch.zeros(len(examples), length)
-    for r, part_r in enumerate(gather_objects(part[:len(mine)])):
-        betas[r::world] = part_r
-    if is_rank0():
-        torch.save({"key": key, "betas": betas}, path.with_suffix(".tmp"))
-        os.replace(path.with_suffix(".tmp"), path)
-    return betas
-
-
-# -----------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # The output folder: one run per folder, never overwritten by accident, and preemption
 
 RUN_FILES = ("checkpoints", "latest", "metrics.jsonl", "ref_betas.pt")  # what a run writes into --out
@@ -1046,7 +1180,7 @@ class Preemption:
             signal.signal(s, handler)
 
 
-# -----------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # Checkpoints: <out>/checkpoints/step-N/ = the model in an ecosystem format (a PEFT adapter, or a complete
 # Hugging Face folder) + train_state/ (torch.distributed.checkpoint: model + optimizer, sharded under FSDP2)
 # + trainer.json (TrainState, options, fingerprints) + loop_state.pt (every rank's RNG state, the LR schedule, the
@@ -1065,6 +1199,31 @@ class TrainState:
     elapsed_s: float = 0.0  # training time, summed over every attempt
     tokens_seen: int = 0  # padded tokens of every step so far
     checkpoints: list = field(default_factory=list)  # this run's checkpoints, oldest first: rotation deletes these only
+
+    def advance(self, result, steps_in_epoch, max_bad_steps, out):
+        """Count the step train_step just took (`result`); returns whether it ended its epoch. Stops the run after
+        `max_bad_steps` non-finite steps in a row."""
+        self.step += 1
+        self.step_in_epoch += 1
+        epoch_done = self.step_in_epoch == steps_in_epoch
+        if epoch_done:
+            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+        self.tokens_seen += int(result["n_tokens"])
+        self.bad_in_row = 0 if result["stepped"] else self.bad_in_row + 1
+        self.skipped_steps += not result["stepped"]
+        if not result["stepped"]:
+            print0(f"step {self.step}: non-finite loss {result['loss']} or grad norm {result['grad_norm']}, "
+                   f"update skipped ({self.bad_in_row} in a row)")
+            if self.bad_in_row >= max_bad_steps:
+                raise RuntimeError(f"{max_bad_steps} non-finite steps in a row, the last at step {self.step}; "
+                                   f"stopping (last good checkpoint in {out / 'latest'})")
+        return epoch_done
+
+    def add_time(self, since):
+        """Add the time since `since` to elapsed_s; returns now."""
+        now = time.time()
+        self.elapsed_s += now - since
+        return now
 
 
 @dataclass
@@ -1119,6 +1278,25 @@ def save_checkpoint(model, optimizer, folder, trainer, loop_state, lora, export)
     barrier()
 
 
+def save_and_rotate(model, optimizer, scheduler, state, window, beta_cache, opts, world, task, out):
+    """The checkpoint of step state.step (every rank calls it), then rotation: only this run's checkpoints beyond
+    the newest --keep-last are deleted."""
+    name = f"step-{state.step:07d}"
+    ours = [n for n in state.checkpoints if n != name] + [name]
+    state.checkpoints = ours[-opts.keep_last:]
+    device = next(model.parameters()).device
+    rng = gather_objects({"cpu": torch.get_rng_state(),
+                          "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
+    trainer = dict(state=dataclasses.asdict(state), options=dataclasses.asdict(opts), world_size=world,
+                   fingerprints=task.fingerprints)
+    loop_state = dict(rng=rng, scheduler=scheduler.state_dict(), log_window=window,
+                      beta_cache=beta_cache.state_dict() if beta_cache else None)
+    save_checkpoint(model, optimizer, out / "checkpoints" / name, trainer, loop_state, opts.lora, task.export)
+    if is_rank0():
+        for old in ours[:-opts.keep_last]:
+            shutil.rmtree(out / "checkpoints" / old, ignore_errors=True)
+
+
 def checkpoint_problem(ckpt):
     """Why checkpoint folder `ckpt` cannot be resumed from, or None: a missing part, an unreadable trainer.json, or a
     train_state shard shorter than its metadata says (a truncated copy)."""
@@ -1165,9 +1343,10 @@ def resume_candidates(out):
     return good
 
 
-def check_resumable(meta, ckpt, opts, world, fingerprints):
-    """Refuse to continue checkpoint `ckpt` (its trainer.json: `meta`) with other options, another number of
-    processes, other data or another base model, saying what changed."""
+def check_resumable(ckpt, opts, world, fingerprints):
+    """Refuse to continue checkpoint `ckpt` with other options, another number of processes, other data or another
+    base model, saying what changed."""
+    meta = json.loads((ckpt / "trainer.json").read_text())
     saved = meta["options"]
     differ = {k: (saved.get(k), v) for k, v in dataclasses.asdict(opts).items()
               if k not in RESUMABLE_CHANGES and saved.get(k) != v}
@@ -1186,6 +1365,7 @@ def check_resumable(meta, ckpt, opts, world, fingerprints):
         raise ValueError(f"--resume: the base model changed since {ckpt}: fingerprint {then['model']} then, "
                          f"{fingerprints['model']} now ({opts.model or 'the embedded task'}); resume with the original "
                          "base, or start over with --overwrite")
+    return meta
 
 
 def load_checkpoint(model, optimizer, scheduler, ckpt, lora):
@@ -1200,6 +1380,39 @@ def load_checkpoint(model, optimizer, scheduler, ckpt, lora):
     loop_state = torch.load(ckpt / "loop_state.pt", weights_only=True)
     scheduler.load_state_dict(loop_state["scheduler"])
     return loop_state
+
+
+def resume(candidates, out, model, optimizer, scheduler, beta_cache, opts, world, fingerprints):
+    """--resume: load the first candidate checkpoint that loads (a damaged one is skipped, saying why): the model,
+    the optimizer, the schedule, the beta cache and this rank's RNG states. Returns (TrainState, the train_step
+    results not yet logged); a fresh (TrainState(), []) when there is none. Trims metrics.jsonl to the step."""
+    state, window = TrainState(), []
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    for i, name in enumerate(candidates):
+        ckpt = out / "checkpoints" / name
+        meta = check_resumable(ckpt, opts, world, fingerprints)
+        try:
+            loop_state = load_checkpoint(model, optimizer, scheduler, ckpt, opts.lora)
+        except Exception as e:  # a damaged file the checks could not see
+            print0(f"--resume: cannot load {ckpt} ({type(e).__name__}: {e})")
+            if i + 1 == len(candidates):
+                raise RuntimeError(f"--resume: no checkpoint in {out / 'checkpoints'} loads; start over with "
+                                   "--overwrite") from e
+            continue
+        state, window = TrainState(**meta["state"]), loop_state["log_window"]
+        if beta_cache:
+            beta_cache.load_state_dict(loop_state["beta_cache"])
+        torch.set_rng_state(loop_state["rng"][rank]["cpu"])
+        if loop_state["rng"][rank]["cuda"] is not None:
+            torch.cuda.set_rng_state(loop_state["rng"][rank]["cuda"], next(model.parameters()).device)
+        on_rank0(lambda: atomic_write_text(out / "latest", name + "\n"))  # it may have named a damaged one
+        print0(f"resumed from {ckpt}: step {state.step} (epoch {state.epoch}, step {state.step_in_epoch} in it)")
+        break
+    if opts.resume and not state.checkpoints:
+        print0(f"--resume: no checkpoint in {out} yet; starting at step 0")
+    if opts.resume:
+        on_rank0(lambda: truncate_metrics(out / "metrics.jsonl", state.step))
+    return state, window
 
 
 def truncate_metrics(path, step):
@@ -1217,7 +1430,7 @@ def truncate_metrics(path, step):
     atomic_write_text(path, "".join(kept))
 
 
-# -----------------------------------------------------------------------------
+# ---------------------------------------------------------------------------------------------------------------------
 # The metrics log
 
 
@@ -1238,219 +1451,29 @@ def log_record(window, state, epoch, total_steps, lr, eta_s):
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
 
 
-# -----------------------------------------------------------------------------
-# The loop
+def log(metrics, record):
+    """Print the record (rank 0) and append it to metrics.jsonl (`metrics`: the open file on rank 0, else None)."""
+    print0(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+    if metrics:
+        metrics.write(json.dumps(record, allow_nan=False) + "\n")
+        metrics.flush()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# main: the run, with its folder claimed and preemption handled; the embedded task's evaluation; tear-down
 
 
 def train(opts):
-    """The whole run: claim --out, build or load the model and data, optionally resume, loop over the epochs, and
-    checkpoint. Returns (model, tokenizer, held-out puzzles or None, the last checkpoint's folder)."""
-    rank, world, device = setup_distributed()
+    """train_loop with the output folder claimed (rank 0 locks it for the run's life) and the preemption signals
+    caught. Returns what train_loop returns."""
+    setup_distributed()
     lock = on_rank0(lambda: claim_output_folder(Path(opts.out), opts.resume, opts.overwrite))
     try:
         with Preemption() as preemption:
-            return run(opts, rank, world, device, preemption)
+            return train_loop(opts, preemption)
     finally:
         if lock is not None:
             lock.close()  # releases the flock
-
-
-def run(opts, rank, world, device, preemption):
-    out = Path(opts.out)
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
-             "bfloat16": torch.bfloat16, "float32": torch.float32}[opts.dtype]
-    candidates = broadcast_object(on_rank0(lambda: resume_candidates(out))) if opts.resume else []
-
-    # model, tokenizer and data (every rank builds the same thing from the same seed), and their fingerprints
-    heldout = None
-    if opts.model:
-        tokenizer = load_tokenizer(opts.model)
-        if opts.lora:
-            model = LLaDA.from_pretrained(opts.model, dtype=dtype)
-        else:  # full fine-tuning: built on the meta device, filled after sharding (below)
-            with torch.device("meta"):
-                model = LLaDA(LLaDAConfig.from_json(Path(opts.model) / "config.json"))
-        config = model.config
-        if opts.max_len > config.max_sequence_length:  # longer than the base was trained on
-            print0(f"warning: --max-len {opts.max_len} exceeds the model's max_sequence_length "
-                   f"{config.max_sequence_length} ({Path(opts.model) / 'config.json'}); using "
-                   f"--max-len {config.max_sequence_length}")
-            opts.max_len = config.max_sequence_length
-        examples, stats = load_dataset(opts.data, tokenizer, fmt=opts.data_format, max_len=opts.max_len,
-                                       skip_bad_rows=opts.skip_bad_rows)
-        export_files = [f for f in Path(opts.model).iterdir()
-                        if f.is_file() and not f.name.endswith(".safetensors") and f.name not in
-                        ("config.json", "model.safetensors.index.json")]
-        model_fingerprint = folder_fingerprint(opts.model)
-        base_dtype = stored_dtype(opts.model)
-    else:
-        tokenizer, config, model, examples, heldout = build_embedded_task(opts.seed, opts.eval_puzzles)
-        stats = {"held_out_puzzles": len(heldout)}
-        if rank == 0:
-            tokenizer.save(str(out / "tokenizer.json"))
-        barrier()
-        export_files = [out / "tokenizer.json"]
-        model_fingerprint = tensors_fingerprint(model)
-        base_dtype = torch.float32
-    fingerprints = dict(data=data_fingerprint(examples), examples=len(examples), model=model_fingerprint)
-    print0(f"data: {len(examples)} examples {stats}")
-    if candidates:  # refuse other options or data before the expensive part
-        check_resumable(json.loads((out / "checkpoints" / candidates[0] / "trainer.json").read_text()),
-                        out / "checkpoints" / candidates[0], opts, world, fingerprints)
-    ids_special = special_ids(tokenizer, config)
-
-    lora = (dict(r=opts.lora_r, alpha=opts.lora_alpha, dropout=opts.lora_dropout,
-                 targets=tuple(opts.lora_targets.split(","))) if opts.lora else None)
-    model = wrap_model(model, device, dtype, world, lora, opts.activation_checkpointing, opts.seed)
-    if opts.model and not opts.lora:
-        load_weight_rows(model, opts.model, rank, world)
-    export = Export(dtype=base_dtype if opts.save_dtype == "auto" else getattr(torch, opts.save_dtype),
-                    files=export_files, base_name=opts.model or "embedded", merged=opts.save_merged)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=opts.weight_decay)
-    global_batch = opts.batch_size * opts.grad_accum * world
-    steps_per_epoch = math.ceil(len(examples) / global_batch)
-    total_steps = opts.epochs * steps_per_epoch
-    if opts.max_steps:
-        total_steps = min(total_steps, opts.max_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(opts.schedule, opts.warmup_steps, total_steps))
-    # bf16: autocast on the CPU as on a GPU (one code path); norms, softmax and losses stay float32 (model.py, above)
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16
-                else contextlib.nullcontext())
-
-    # GIFT*: the betas of the INITIAL model, so before any checkpoint is loaded (Appendix "GIFT*")
-    ref_betas = None
-    if opts.loss == "gift-star":
-        length = opts.max_len if opts.pad_to_max_len else max(len(ids) for ids, _ in examples)
-        key = dict(fingerprints, beta_power=opts.beta_power, length=length)
-        with autocast:
-            ref_betas = gift_star_betas(model, examples, out / "ref_betas.pt", key, ids_special.pad, length,
-                                        opts.batch_size, device, opts.beta_power)
-
-    beta_cache = BetaCache(len(examples), opts.beta_refresh_epochs) if opts.beta_refresh_epochs != 1 else None
-
-    # resume: the first candidate that loads (a corrupt one is skipped, saying why); else start at step 0
-    state, window = TrainState(), []  # window: the train_step results not yet logged
-    torch.manual_seed(opts.seed * 1000 + rank)  # LoRA dropout draws from each rank's global generator
-    for i, name in enumerate(candidates):
-        ckpt = out / "checkpoints" / name
-        meta = json.loads((ckpt / "trainer.json").read_text())
-        check_resumable(meta, ckpt, opts, world, fingerprints)
-        try:
-            loop_state = load_checkpoint(model, optimizer, scheduler, ckpt, opts.lora)
-        except Exception as e:  # a damaged file the checks could not see
-            print0(f"--resume: cannot load {ckpt} ({type(e).__name__}: {e})")
-            if i + 1 == len(candidates):
-                raise RuntimeError(f"--resume: no checkpoint in {out / 'checkpoints'} loads; start over with "
-                                   "--overwrite") from e
-            continue
-        state, window = TrainState(**meta["state"]), loop_state["log_window"]
-        if beta_cache:
-            beta_cache.load_state_dict(loop_state["beta_cache"])
-        torch.set_rng_state(loop_state["rng"][rank]["cpu"])
-        if loop_state["rng"][rank]["cuda"] is not None:
-            torch.cuda.set_rng_state(loop_state["rng"][rank]["cuda"], device)
-        on_rank0(lambda: atomic_write_text(out / "latest", name + "\n"))  # it may have named a damaged one
-        print0(f"resumed from {ckpt}: step {state.step} (epoch {state.epoch}, step {state.step_in_epoch} in it)")
-        break
-    if opts.resume and not state.checkpoints:
-        print0(f"--resume: no checkpoint in {out} yet; starting at step 0")
-    if opts.resume:
-        on_rank0(lambda: truncate_metrics(out / "metrics.jsonl", state.step))
-
-    metrics = open(out / "metrics.jsonl", "a") if rank == 0 else None
-    first_step, t_attempt, t_last = state.step, time.time(), time.time()
-    batches, batches_epoch = [], None
-    model.train()
-    while state.step < total_steps:
-        if batches_epoch != state.epoch:  # epoch e's own permutation: it depends only on (seed, e)
-            batches = step_batches(epoch_order(len(examples), state.epoch, opts.seed), global_batch)
-            batches_epoch = state.epoch
-        micro_batches = step_micro_batches(examples, batches[state.step_in_epoch], state.epoch, rank, world,
-                                           opts.batch_size, opts.grad_accum, ids_special.pad, device, opts.seed,
-                                           opts.max_len if opts.pad_to_max_len else 0, ref_betas)
-        if beta_cache:
-            beta_cache.attach(micro_batches, state.epoch)
-        result = train_step(model, optimizer, micro_batches, opts.loss, opts.norm, opts.eps, opts.beta_power,
-                            opts.grad_clip, autocast)
-        scheduler.step()
-        if beta_cache:
-            beta_cache.update(micro_batches, state.epoch)
-
-        # where we are now
-        epoch = state.epoch
-        state.step += 1
-        state.step_in_epoch += 1
-        epoch_done = state.step_in_epoch == len(batches)
-        if epoch_done:
-            state.epoch, state.step_in_epoch = state.epoch + 1, 0
-        now = time.time()
-        state.elapsed_s, t_last = state.elapsed_s + now - t_last, now
-        state.tokens_seen += int(result["n_tokens"])
-        state.bad_in_row = 0 if result["stepped"] else state.bad_in_row + 1
-        state.skipped_steps += not result["stepped"]
-        if not result["stepped"]:
-            print0(f"step {state.step}: non-finite loss {result['loss']} or grad norm {result['grad_norm']}, "
-                   f"update skipped ({state.bad_in_row} in a row)")
-            if state.bad_in_row >= opts.max_bad_steps:
-                raise RuntimeError(f"{opts.max_bad_steps} non-finite steps in a row, the last at step {state.step}; "
-                                   f"stopping (last good checkpoint in {out / 'latest'})")
-
-        window.append(result)
-        if state.step % opts.log_every == 0 or state.step == total_steps:
-            eta_s = (now - t_attempt) / (state.step - first_step) * (total_steps - state.step)
-            record = log_record(window, state, epoch, total_steps, scheduler.get_last_lr()[0], eta_s)
-            print0(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
-            if metrics:
-                metrics.write(json.dumps(record, allow_nan=False) + "\n")
-                metrics.flush()
-            window = []
-
-        # a checkpoint every save_every steps (or at each epoch's end), at the end, and when preempted
-        signum = all_reduce_max(preemption.signum, device)
-        if ((opts.save_every and state.step % opts.save_every == 0) or (not opts.save_every and epoch_done)
-                or state.step == total_steps or signum):
-            name = f"step-{state.step:07d}"
-            ours = [n for n in state.checkpoints if n != name] + [name]
-            state.checkpoints = ours[-opts.keep_last:]
-            rng = gather_objects({"cpu": torch.get_rng_state(),
-                                  "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
-            trainer = dict(state=dataclasses.asdict(state), options=dataclasses.asdict(opts), world_size=world,
-                           fingerprints=fingerprints)
-            loop_state = dict(rng=rng, scheduler=scheduler.state_dict(), log_window=window,
-                              beta_cache=beta_cache.state_dict() if beta_cache else None)
-            save_checkpoint(model, optimizer, out / "checkpoints" / name, trainer, loop_state, opts.lora, export)
-            if rank == 0:  # rotation: only this run's older checkpoints
-                for old in ours[:-opts.keep_last]:
-                    shutil.rmtree(out / "checkpoints" / old, ignore_errors=True)
-        if signum:
-            print0(f"preempted by {signal.Signals(signum).name} at step {state.step}: checkpoint "
-                   f"{out / 'checkpoints' / state.checkpoints[-1]} written; resume with --resume")
-            raise SystemExit(128 + signum)
-
-    final = out / "checkpoints" / state.checkpoints[-1]
-    print0(f"done: {state.step} steps in {state.elapsed_s:.0f} s; checkpoint {final}")
-    return model, tokenizer, heldout, final
-
-
-def evaluate_embedded(heldout, checkpoint, seed, device):
-    """Held-out Sudoku accuracy (eval.py's grader: correct cells among the blanks) of the trained checkpoint and,
-    for scale, of the same architecture untrained. Every rank loads the saved folder and grades a slice."""
-    from eval import SUDOKU_QUESTION, evaluate  # here, not at the top: importing gift.py does not import eval.py
-    items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
-    trained = LLaDA.from_pretrained(checkpoint / "model", device=device)
-    tokenizer = load_tokenizer(checkpoint / "model")
-    untrained = LLaDA(trained.config).init_weights(torch.Generator().manual_seed(seed)).to(device)
-    results = {}
-    for name, model in (("untrained", untrained), ("trained", trained)):
-        t0 = time.time()
-        acc, records = evaluate(model, tokenizer, items, "sudoku", prompt_style="plain", **EMBEDDED_EVAL)
-        if records is not None:
-            solved = sum(r["correct_cells"] == r["empty_cells"] for r in records) / len(records)
-            results[name] = acc
-            print0(f"held-out Sudoku ({len(records)} puzzles, {name}): cell accuracy {acc:.1f}%, "
-                   f"whole puzzles solved {100 * solved:.1f}% ({time.time() - t0:.0f} s)")
-    return results
 
 
 def main(argv=None):

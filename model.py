@@ -1,7 +1,8 @@
 """LLaDA, the bidirectional masked-diffusion transformer, written from scratch, plus a hand-rolled LoRA.
 
 Module names follow the official checkpoint (`model.transformer.blocks.0.q_proj.weight`, ...) so that real
-LLaDA-8B folders load with no renaming table. The architecture (pinned by ../shared/golden):
+LLaDA-8B folders load with no renaming table. The architecture (pinned by the official code's golden vectors in
+tests/golden, github.com/ML-GSAI/LLaDA's Hugging Face modeling_llada.py):
     x = wte(ids)                                                       # no scaling, no position table
     per block:  h = x + attn_out(Attn(RoPE(q_proj(n)), RoPE(k_proj(n)), v_proj(n))),  n = attn_norm(x)
                 x = h + ff_out(silu(ff_proj(m)) * up_proj(m)),                         m = ff_norm(h)
@@ -204,11 +205,13 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(D, cfg.mlp_hidden_size, bias=False)
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, D, bias=False)
 
-    def forward(self, x, cos, sin, key_mask, kv=None, start=0):
-        """x (B, S, D) at positions start .. start + S - 1; cos, sin (S, hd) of those positions. kv: None, or a list:
+    def forward(self, x, rope, key_mask, kv=None, start=0):
+        """x (B, S, D) at positions start .. start + S - 1; rope (S, hd) complex, cos + i sin of those positions (see
+        LLaDA.forward for why complex). kv: None, or a list:
         empty, this call's keys and values (B, Hkv, S, hd) are appended to it; holding (k, v) of a whole sequence
         from an earlier call, the other positions' keys and values come from it (Fast-dLLM's cache, sample.py)."""
         B, L, D = x.shape
+        cos, sin = rope.real, rope.imag  # (L, hd) float32
         n = self.attn_norm(x)
         q = self.q_proj(n).view(B, L, self.n_heads, -1).transpose(1, 2)  # (B, H, L, hd)
         k = self.k_proj(n).view(B, L, self.n_kv_heads, -1).transpose(1, 2)  # (B, Hkv, L, hd)
@@ -277,17 +280,20 @@ class LLaDA(nn.Module):
             kv_cache.extend([] for _ in tr.blocks)
         L_all = L if kv_cache is None or fill else kv_cache[0][0][0].shape[2]
         cos, sin = rope_cos_sin(L_all, self.config.head_dim, self.config.rope_theta, x.device)
-        cos, sin = cos[start:start + L], sin[start:start + L]  # (L, hd): this span's positions
+        # one complex tensor, (L, hd) for this span's positions: FSDP2's mixed precision casts a block's floating-point
+        # inputs to bf16 (RoPE is float32 here, as in the official code), and torch < 2.13 does not cast them when
+        # activation checkpointing recomputes the block, a dtype mismatch that stops backward; complex is not cast
+        rope = torch.complex(cos, sin)[start:start + L]
         key_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, L_all): True = may be attended to
         for i, block in enumerate(tr.blocks):
             if self.activation_checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, key_mask, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, rope, key_mask, use_reentrant=False)
             elif kv_cache is not None:
-                x = block(x, cos, sin, key_mask, kv=kv_cache[i], start=start)
+                x = block(x, rope, key_mask, kv=kv_cache[i], start=start)
             else:
-                x = block(x, cos, sin, key_mask)
+                x = block(x, rope, key_mask)
         h = tr.ln_f(x)
         return h if return_hidden else self.head(h)
 
@@ -495,9 +501,12 @@ class LoRALinear(nn.Module):
         self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
         self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r
         dev = base.weight.device
-        self.lora_A = nn.Parameter(torch.empty(r, self.in_features, device=dev, dtype=torch.float32))
+        # A is drawn on the generator's device (a CPU generator cannot fill a GPU tensor), then moved: the same
+        # seed gives the same adapter on every device
+        A = torch.empty(r, self.in_features, dtype=torch.float32, device=dev if generator is None else generator.device)
+        nn.init.kaiming_uniform_(A, a=math.sqrt(5), generator=generator)  # as PEFT
+        self.lora_A = nn.Parameter(A.to(dev))
         self.lora_B = nn.Parameter(torch.zeros(self.out_features, r, device=dev, dtype=torch.float32))
-        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5), generator=generator)  # as PEFT
         self.dropout = nn.Dropout(dropout)
         self.enabled = True
 

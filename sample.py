@@ -1,4 +1,4 @@
-"""LLaDA's block diffusion sampler: the official generate.py, token for token, batched.
+"""LLaDA's block diffusion sampler: the official generate.py, token for token, batched; and an opt-in fast one.
 
 LLaDA (Nie et al. 2025, "Large Language Diffusion Models", Sec. 2.4 and Appendix B) answers by starting from a fully
 masked response and running `steps` reverse-diffusion steps; each step predicts every masked token and keeps the
@@ -12,8 +12,12 @@ where the tokens cannot change:
     The product over fewer rows gives the same numbers on the CPU; a GPU library may pick another kernel for
     another row count, which can change logits by a rounding error;
   - classifier-free guidance also works without an attention mask (the official code raises a NameError there).
+generate() is that exact sampler, loop for loop beside the official one. generate_cached() is the opt-in fast
+sampler of Fast-dLLM (Wu et al. 2025, arXiv 2505.22618): a prefix or dual key/value cache reused over a block's
+steps, and confidence-threshold parallel decoding; it trades exactness for speed, with the same arguments and draws.
 
     python sample.py --model DIR [--adapter DIR] --prompt "..." [--gen-length 128 --steps 128 --block-length 32]
+    python sample.py --model DIR --prompt "..." --cache dual --threshold 0.9     # the fast sampler
 """
 
 import argparse
@@ -21,7 +25,10 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from gift import uniforms  # U(0, 1) draws from one generator, or one per row (gift.py Part I, torch only)
+
 REMASKING = ("low_confidence", "random")  # the official strategies
+CACHES = (None, "prefix", "dual")  # generate_cached's key/value caches (None: no cache)
 
 # -----------------------------------------------------------------------------
 # Building blocks (pure functions, one per line of the official loop)
@@ -110,27 +117,52 @@ def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, m
     return un_logits + (cfg_scale + 1) * (logits - un_logits)
 
 
-def draw_uniforms(shape, generator, device, dtype=torch.float32):
-    """Uniforms of `shape` (B, ...): from one generator (the official draw), or one generator per row (a list), so
-    that a row's noise does not depend on the other rows of its batch."""
-    if isinstance(generator, (list, tuple)):
-        return torch.stack([torch.rand(shape[1:], dtype=dtype, device=device, generator=g) for g in generator])
-    return torch.rand(shape, dtype=dtype, device=device, generator=generator)
+def check_generate_args(prompt, attention_mask, steps, gen_length, block_length, remasking, generator, cache=None,
+                        threshold=None, where="generate"):
+    """The sampler's argument checks (the official code asserts two of them), before any forward pass."""
+    if prompt.dim() != 2:
+        raise ValueError(f"sample.py {where}: prompt must be (batch, prompt_len) token ids, got shape "
+                         f"{tuple(prompt.shape)}; use prompt[None] for a single prompt")
+    if attention_mask is not None and attention_mask.shape != prompt.shape:
+        raise ValueError(f"sample.py {where}: attention_mask {tuple(attention_mask.shape)} must have the prompt's "
+                         f"shape {tuple(prompt.shape)}")
+    if gen_length <= 0 or block_length <= 0 or gen_length % block_length:
+        raise ValueError(f"sample.py {where}: gen_length ({gen_length}) must be a positive multiple of block_length "
+                         f"({block_length}); e.g. block_length={gen_length} for a single block")
+    num_blocks = gen_length // block_length
+    if steps <= 0 or steps % num_blocks:
+        hint = num_blocks * max(1, steps // num_blocks)
+        raise ValueError(f"sample.py {where}: steps ({steps}) must be a positive multiple of the number of blocks "
+                         f"gen_length / block_length = {num_blocks}; e.g. steps={hint}")
+    if remasking not in REMASKING:
+        raise ValueError(f"sample.py {where}: remasking={remasking!r}; expected one of {REMASKING}")
+    if cache not in CACHES:
+        raise ValueError(f"sample.py {where}: cache={cache!r}; expected one of {CACHES}")
+    if threshold is not None and not 0 <= threshold < 1:
+        raise ValueError(f"sample.py {where}: threshold={threshold}; expected a confidence in [0, 1)")
+    if isinstance(generator, (list, tuple)) and len(generator) != len(prompt):
+        raise ValueError(f"sample.py {where}: {len(generator)} generators for {len(prompt)} rows")
 
 
-CACHES = (None, "prefix", "dual")
+def append_masks(prompt, attention_mask, gen_length, mask_id):
+    """The sampler's start: x = the prompt then gen_length masks (B, P + gen_length), and the attention mask
+    extended with ones (the answer is attended to)."""
+    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long, device=prompt.device)
+    x[:, :prompt.shape[1]] = prompt
+    if attention_mask is not None:
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(prompt.shape[0], gen_length)], dim=1)
+    return x, attention_mask
 
 
 # -----------------------------------------------------------------------------
-# The sampler
+# The exact sampler: the official generate(), loop for loop
 
 
 @torch.no_grad()
 def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, block_length=128, temperature=0.,
-             cfg_scale=0., remasking="low_confidence", mask_id=None, generator=None, cache=None, threshold=None,
-             refresh_cache_every_step=False):
-    """LLaDA's official generate(), batched; optionally cached and parallel. Returns x (B, prompt_len + gen_length),
-    prompt included.
+             cfg_scale=0., remasking="low_confidence", mask_id=None, generator=None):
+    """LLaDA's official generate(), batched: the same arguments, random draws and tokens. Returns x
+    (B, prompt_len + gen_length), prompt included.
 
     model: called as model(x, attention_mask=..., return_hidden=True) -> (B, L, D), with the LM head at
         getattr(model, "module", model).head; put it in eval mode first (LoRA dropout).
@@ -145,68 +177,90 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
         The draws have the official shapes and order ((B, L, V) float64 uniforms for the noise, then (B, L)
         float32 for random remasking), so the same RNG state gives the official tokens. A list of B generators
         draws each row's noise from its own (a row's tokens then do not depend on its batch).
+    """
+    mask_id = getattr(model, "module", model).config.mask_token_id if mask_id is None else mask_id
+    check_generate_args(prompt, attention_mask, steps, gen_length, block_length, remasking, generator)
+    x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
+    prompt_index = x != mask_id  # what CFG masks: every non-mask token at the start, left pads included
+    B, L = x.shape
+    positions = torch.arange(L, device=x.device)
 
-    The fast options (Fast-dLLM, arXiv 2505.22618; the defaults give the exact official sampler):
+    num_blocks = gen_length // block_length
+    steps = steps // num_blocks  # per block, as in the official code
+    for num_block in range(num_blocks):
+        block_end = prompt.shape[1] + (num_block + 1) * block_length
+        block_mask_index = x[:, block_end - block_length:block_end] == mask_id  # (B, block_length)
+        num_transfer_tokens = get_num_transfer_tokens(block_mask_index, steps)  # (B, steps)
+        for i in range(steps):
+            mask_index = x == mask_id  # (B, L)
+            # the official confidence is -inf after the block and where x is no mask: only these N positions can
+            # change (masks left in earlier blocks included), so the LM head runs only there
+            eligible = mask_index & (positions < block_end)  # (B, L)
+            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id)  # (N, V)
+
+            # candidates: argmax, or Gumbel-max if temperature > 0. The (N, V) uniforms are drawn over the official
+            # (B, L, V), 8 bytes each as there, so that one RNG state gives the official tokens
+            V = logits.shape[-1]
+            u = uniforms((B, L, V), generator, x.device, torch.float64)[eligible] if temperature else None
+            x0 = torch.argmax(add_gumbel_noise(logits, temperature, u), dim=-1)  # (N,)
+            # their confidence; random remasking draws (B, L) float32 uniforms, as the official code
+            if remasking == "low_confidence":
+                x0_p = low_confidence(logits, x0)  # (N,), in the logits' dtype
+            else:
+                x0_p = uniforms((B, L), generator, x.device)[eligible]  # (N,)
+            x0 = x.masked_scatter(eligible, x0)  # (B, L), the official torch.where(mask_index, x0, x)
+            confidence = torch.full((B, L), float("-inf"), dtype=x0_p.dtype, device=x.device)
+            confidence = confidence.masked_scatter(eligible, x0_p)  # (B, L), -inf where nothing may change
+
+            # the k most confident positions take their candidates (the official transfer_index); a candidate
+            # equal to mask_id leaves its position masked, and eligible again at the next step, as officially
+            transfer = transfer_index(confidence, num_transfer_tokens[:, i])  # (B, L) bool
+            x[transfer] = x0[transfer]
+    return x
+
+
+# -----------------------------------------------------------------------------
+# The fast sampler (Fast-dLLM, arXiv 2505.22618): key/value cache and confidence-threshold parallel decoding
+
+
+@torch.no_grad()
+def generate_cached(model, prompt, attention_mask=None, steps=128, gen_length=128, block_length=128, temperature=0.,
+                    cfg_scale=0., remasking="low_confidence", mask_id=None, generator=None, cache="dual",
+                    threshold=None, refresh_cache_every_step=False):
+    """generate() made faster after Fast-dLLM (Wu et al. 2025, arXiv 2505.22618), at the cost of exactness. The
+    arguments and random draws are generate()'s; cache=None with threshold=None is generate() itself.
+
     cache: "prefix" = at each block's first step one full forward stores every position's keys and values; the
         block's later steps run only the block and what follows it, the prompt and the finished blocks read from
         the cache. "dual" = those steps run only the block; the later (still masked) blocks read from the cache too.
         The cached keys and values are the block's first step's: an approximation, since attention is
         bidirectional. Only the current block's masks are eligible (the exact sampler also retries masks that an
-        earlier block left, which happens only when the model predicts the mask token itself).
+        earlier block left, which happens only when the model predicts the mask token itself). None = no cache.
     threshold: confidence-aware parallel decoding: each step unmasks every eligible position whose confidence
         exceeds it (at least the most confident one per row), and a block ends as soon as it has no mask left
-        (at most block_length steps); `steps` then only sets the number of blocks' schedule when threshold is None.
+        (at most block_length steps); `steps` is then only checked. None = generate()'s schedule.
     refresh_cache_every_step: rebuild the cache at every step (a check: the cache is then exact, and the tokens
         are the exact sampler's; no speed-up).
     """
-    raw = getattr(model, "module", model)
-    mask_id = raw.config.mask_token_id if mask_id is None else mask_id
-    if prompt.dim() != 2:
-        raise ValueError(f"sample.py generate: prompt must be (batch, prompt_len) token ids, got shape "
-                         f"{tuple(prompt.shape)}; use prompt[None] for a single prompt")
-    if attention_mask is not None and attention_mask.shape != prompt.shape:
-        raise ValueError(f"sample.py generate: attention_mask {tuple(attention_mask.shape)} must have the prompt's "
-                         f"shape {tuple(prompt.shape)}")
-    if gen_length <= 0 or block_length <= 0 or gen_length % block_length:
-        raise ValueError(f"sample.py generate: gen_length ({gen_length}) must be a positive multiple of block_length "
-                         f"({block_length}); e.g. block_length={gen_length} for a single block")
+    mask_id = getattr(model, "module", model).config.mask_token_id if mask_id is None else mask_id
+    check_generate_args(prompt, attention_mask, steps, gen_length, block_length, remasking, generator, cache,
+                        threshold, where="generate_cached")
+    x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
+    prompt_index = x != mask_id
+    B, L = x.shape
+    positions = torch.arange(L, device=x.device)
+
     num_blocks = gen_length // block_length
-    if steps <= 0 or steps % num_blocks:
-        hint = num_blocks * max(1, steps // num_blocks)
-        raise ValueError(f"sample.py generate: steps ({steps}) must be a positive multiple of the number of blocks "
-                         f"gen_length / block_length = {num_blocks}; e.g. steps={hint}")
-    if remasking not in REMASKING:
-        raise ValueError(f"sample.py generate: remasking={remasking!r}; expected one of {REMASKING}")
-    if cache not in CACHES:
-        raise ValueError(f"sample.py generate: cache={cache!r}; expected one of {CACHES}")
-    if threshold is not None and not 0 <= threshold < 1:
-        raise ValueError(f"sample.py generate: threshold={threshold}; expected a confidence in [0, 1)")
-    if isinstance(generator, (list, tuple)) and len(generator) != len(prompt):
-        raise ValueError(f"sample.py generate: {len(generator)} generators for {len(prompt)} rows")
-    steps_per_block = steps // num_blocks
-
-    # x = prompt then gen_length masks; the attention mask is extended with ones (the answer is attended to)
-    B, P = prompt.shape
-    L = P + gen_length
-    device = prompt.device
-    x = torch.full((B, L), mask_id, dtype=torch.long, device=device)
-    x[:, :P] = prompt
-    if attention_mask is not None:
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(B, gen_length)], dim=1)  # (B, L)
-    prompt_index = x != mask_id  # what CFG masks: every non-mask token at the start, left pads included
-    positions = torch.arange(L, device=device)
-
+    steps = steps // num_blocks
     for num_block in range(num_blocks):
-        block_start, block_end = P + num_block * block_length, P + (num_block + 1) * block_length
-        block_mask_index = x[:, block_start:block_end] == mask_id  # (B, block_length)
-        num_transfer_tokens = get_num_transfer_tokens(block_mask_index, steps_per_block)  # (B, steps_per_block)
+        block_start = prompt.shape[1] + num_block * block_length
+        block_end = block_start + block_length
+        num_transfer_tokens = get_num_transfer_tokens(x[:, block_start:block_end] == mask_id, steps)  # (B, steps)
+        # without a cache, generate()'s eligible positions; a cached step sees the current block only
         in_block = positions < block_end if cache is None else (positions >= block_start) & (positions < block_end)
         kv_cache = None
-        for i in range(steps_per_block if threshold is None else block_length):
-            mask_index = x == mask_id  # (B, L)
-            # the official confidence is -inf after the block and at unmasked positions: only these can change,
-            # masks left in earlier blocks included (the official code keeps them eligible too)
-            eligible = mask_index & in_block  # (B, L), N True in all
+        for i in range(steps if threshold is None else block_length):
+            eligible = (x == mask_id) & in_block  # (B, L), N True in all
             if threshold is not None and not eligible.any():
                 break  # parallel decoding: the block is done early
             if cache is not None and (i == 0 or refresh_cache_every_step):
@@ -218,32 +272,25 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
             logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache,
                                    span)  # (N, V)
 
-            # candidates: argmax, or Gumbel-max if temperature > 0. The uniforms are drawn over the official
-            # (B, L, V), 8 bytes each as there, so that one RNG state gives the official tokens
-            u = None
-            if temperature != 0:
-                u = draw_uniforms((B, L, logits.shape[-1]), generator, device, torch.float64)[eligible]  # (N, V)
+            # candidates and their confidence, drawn as in generate()
+            V = logits.shape[-1]
+            u = uniforms((B, L, V), generator, x.device, torch.float64)[eligible] if temperature else None
             x0 = torch.argmax(add_gumbel_noise(logits, temperature, u), dim=-1)  # (N,)
-
-            # confidence of each candidate, -inf where nothing may change; random remasking draws (B, L)
-            # float32 uniforms, as the official code
             if remasking == "low_confidence":
-                x0_p = low_confidence(logits, x0)  # (N,), in the logits' dtype
+                x0_p = low_confidence(logits, x0)  # (N,)
             else:
-                x0_p = draw_uniforms((B, L), generator, device)[eligible]  # (N,)
-            confidence = torch.full((B, L), float("-inf"), dtype=x0_p.dtype, device=device)
-            confidence[eligible] = x0_p
+                x0_p = uniforms((B, L), generator, x.device)[eligible]  # (N,)
+            x0 = x.masked_scatter(eligible, x0)  # (B, L)
+            confidence = torch.full((B, L), float("-inf"), dtype=x0_p.dtype, device=x.device)
+            confidence = confidence.masked_scatter(eligible, x0_p)
 
-            # the k most confident positions take their candidates (threshold: every position above it, and at
-            # least the most confident one); a candidate equal to mask_id leaves its position masked (and eligible
-            # again at the next step), as in the official code
-            candidates = x.clone()
-            candidates[eligible] = x0
+            # generate()'s k most confident positions, or (threshold) every position above it and at least the
+            # most confident one
             if threshold is None:
                 transfer = transfer_index(confidence, num_transfer_tokens[:, i])
             else:
                 transfer = transfer_index(confidence, eligible.any(1).long()) | (eligible & (confidence > threshold))
-            x = torch.where(transfer, candidates, x)
+            x = torch.where(transfer, x0, x)
     return x
 
 
@@ -272,7 +319,7 @@ def main(argv=None):
     p.add_argument("--cfg-scale", type=float, default=0.0, help="classifier-free guidance scale (0 = off)")
     p.add_argument("--remasking", choices=REMASKING, default="low_confidence", help="remasking strategy")
     p.add_argument("--cache", choices=("none", "prefix", "dual"), default="none",
-                   help="fast sampler: Fast-dLLM's key/value cache (none = the exact official sampler)")
+                   help="fast sampler: Fast-dLLM's key/value cache (none, without --threshold: the exact sampler)")
     p.add_argument("--threshold", type=float, default=None,
                    help="fast sampler: unmask every token more confident than this (parallel decoding; e.g. 0.9)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
@@ -286,7 +333,7 @@ def main(argv=None):
     if args.threshold is not None and not 0 <= args.threshold < 1:
         p.error(f"--threshold {args.threshold}: a confidence in [0, 1)")
 
-    # only the command line needs the model and tokenizer code; generate() above needs torch alone
+    # only the command line needs the model and tokenizer code; the samplers above need torch (and gift.uniforms)
     from data import chat_prompt, check_mask_token, encode, load_tokenizer
     from model import LLaDA, load_adapter
 
@@ -306,10 +353,13 @@ def main(argv=None):
             raise SystemExit(f"sample.py: the prompt of {len(ids)} tokens + --gen-length {args.gen_length} exceed the "
                              f"model's max_sequence_length {model.config.max_sequence_length}")
         prompt = torch.tensor([ids], dtype=torch.long, device=args.device)
-        out = generate(model, prompt, steps=args.steps or args.gen_length, gen_length=args.gen_length,
-                       block_length=block_length, temperature=args.temperature, cfg_scale=args.cfg_scale,
-                       remasking=args.remasking, generator=generator,
-                       cache=None if args.cache == "none" else args.cache, threshold=args.threshold)
+        kw = dict(steps=args.steps or args.gen_length, gen_length=args.gen_length, block_length=block_length,
+                  temperature=args.temperature, cfg_scale=args.cfg_scale, remasking=args.remasking, generator=generator)
+        if args.cache == "none" and args.threshold is None:
+            out = generate(model, prompt, **kw)
+        else:
+            out = generate_cached(model, prompt, **kw, cache=None if args.cache == "none" else args.cache,
+                                  threshold=args.threshold)
         return decode_until_stop(tokenizer, out[0, len(ids):].tolist())
 
     if args.prompt is not None:

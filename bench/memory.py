@@ -21,8 +21,7 @@ baseline of a process with the model loaded. "+step" = peak - before is the memo
 the step's own memory.
   sft-*:      objective_batch("sft") + the loss + backward + AdamW step
   gift-*:     the entropy pass (ours / naive), then the GIFT mask and weights from those betas
-              (objective_batch("gift-star", ref_betas=betas), the very code objective_batch("gift") runs after its
-              own entropy pass), then the loss + backward + AdamW step
+              (objective_batch("gift", beta=betas), as train_step does), then the loss + backward + AdamW step
   entropy-*:  the entropy pass alone
 """
 
@@ -37,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
-from gift import BETA_POWER, CE_CHUNK, diffusion_loss, entropy_betas, objective_batch  # noqa: E402
+from gift import BETA_POWER, CE_CHUNK, diffusion_loss, first_pass_betas, objective_batch  # noqa: E402
 from model import LLaDA, LLaDAConfig, add_lora  # noqa: E402
 
 VARIANTS = ("idle", "sft-ours", "sft-naive", "gift-ours", "gift-naive", "entropy-ours", "entropy-naive")
@@ -100,19 +99,24 @@ def run_variant(a, variant, model, optimizer, input_ids, answer_mask):
     if variant == "idle":
         return
     ours = variant.endswith("-ours")
-    entropy = (lambda m, x, am: entropy_betas(m, x, am, chunk_size=a.chunk_size)) if ours else naive_entropy_betas
+    mask_id = model.config.mask_token_id
+    entropy = ((lambda m, x, am: first_pass_betas(m, "entropy", x, am, mask_id, chunk_size=a.chunk_size)) if ours
+               else naive_entropy_betas)
     if variant.startswith("entropy"):
         entropy(model, input_ids, answer_mask)
         return
     generator = torch.Generator(input_ids.device).manual_seed(a.seed + 2)
     if variant.startswith("sft"):
-        noisy_ids, weight, norm, _ = objective_batch("sft", model, input_ids, answer_mask, generator)
+        noisy_ids, weight = objective_batch("sft", input_ids, answer_mask, generator, mask_id)
+        norm = "answer"
     else:  # GIFT: betas from the entropy pass, then exactly objective_batch("gift")'s mask and weights
         betas = entropy(model, input_ids, answer_mask)
-        noisy_ids, weight, norm, _ = objective_batch("gift-star", model, input_ids, answer_mask, generator,
-                                                     ref_betas=betas)
+        noisy_ids, weight = objective_batch("gift", input_ids, answer_mask, generator, mask_id, betas)
+        norm = "masked"
     if ours:
-        loss = diffusion_loss(model, input_ids, noisy_ids, weight, answer_mask, norm, chunk_size=a.chunk_size)
+        hidden = model(noisy_ids, return_hidden=True)  # (B, L, D)
+        loss = diffusion_loss(hidden, model.head, input_ids, noisy_ids, weight, answer_mask, mask_id, norm,
+                              chunk_size=a.chunk_size)
     else:
         loss, logits = naive_diffusion_loss(model, input_ids, noisy_ids, weight, answer_mask, norm)  # noqa: F841
     loss.backward()

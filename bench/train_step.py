@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
-from gift import MicroBatch, entropy_betas, initial_model_betas, train_step, wrap_model  # noqa: E402
+from gift import MicroBatch, first_pass_betas, initial_model_betas, train_step, unwrap, wrap_model  # noqa: E402
 from model import LLaDA, LLaDAConfig, LoRALinear  # noqa: E402
 
 # gift-reuse: a gift step whose betas come from the BetaCache (--beta-refresh-epochs K: K - 1 of every K epochs):
@@ -74,7 +74,10 @@ def build_config(a):
 def build_model(a, mode, device, dtype):
     """The model and its AdamW exactly as gift.train sets them up (gift.wrap_model: LoRA r, alpha 2r, dropout 0.05
     on q, k, v with the base in `dtype`; full fine-tuning in float32 master weights)."""
-    model = LLaDA(build_config(a)).init_weights(torch.Generator().manual_seed(a.seed))
+    # built and drawn where it runs: at 8B widths the CPU's one-thread generator takes minutes (on the CPU: the
+    # same generator, so the same weights as before)
+    with device:
+        model = LLaDA(build_config(a)).init_weights(torch.Generator(device).manual_seed(a.seed))
     lora = dict(r=a.lora_r, alpha=2 * a.lora_r, dropout=0.05, targets=("q_proj", "k_proj", "v_proj"))
     model = wrap_model(model, device, dtype, world=1, lora=lora if mode == "lora" else None,
                        activation_checkpointing=a.activation_checkpointing, seed=a.seed).train()
@@ -120,7 +123,7 @@ def cached_betas(loss_name, model, input_ids, answer_mask, ref_betas, device):
     if loss_name == "gift-star":
         return ref_betas
     if loss_name == "gift-reuse":
-        return entropy_betas(model, input_ids, answer_mask).to(device)
+        return first_pass_betas(model, "entropy", input_ids, answer_mask, unwrap(model).config.mask_token_id).to(device)
     return None
 
 

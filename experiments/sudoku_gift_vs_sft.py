@@ -336,11 +336,10 @@ def entropy_by_position(model, tokenizer, pairs, batch_size=64):
     by_open = {str(k): [0.0, 0] for k in range(1, 5)}  # str keys: the result goes through JSON
     for start in range(0, len(pairs), batch_size):
         chunk = pairs[start:start + batch_size]
-        input_ids, prompt_lengths = collate(sudoku_examples(tokenizer, chunk), pad)
-        answer_mask = torch.arange(input_ids.shape[1])[None] >= prompt_lengths[:, None]  # (B, L)
-        beta = gift.entropy_betas(model, input_ids, answer_mask)  # (B, L), 0 off the answer
+        input_ids, answer_mask = collate(sudoku_examples(tokenizer, chunk), pad)  # (B, L), (B, L)
+        beta = gift.first_pass_betas(model, "entropy", input_ids, answer_mask, model.config.mask_token_id)  # (B, L)
         for row, (puzzle, solution) in enumerate(chunk):
-            start_cells = int(prompt_lengths[row]) + offset
+            start_cells = int((~answer_mask[row]).sum()) + offset
             cells = torch.arange(start_cells, start_cells + 16)
             assert tokenizer.decode(input_ids[row, cells].tolist()) == solution  # the layout assumption
             b_row = beta[row]

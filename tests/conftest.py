@@ -1,4 +1,5 @@
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -6,16 +7,52 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+GOLDEN = REPO / "tests" / "golden"  # golden vectors of the official LLaDA code and their tiny checkpoint (README.md)
+DATA = REPO / "tests" / "data"  # the grader fixture: d1's generations with d1's verdicts, benchmark cuts (README.md)
+FULL_DATA = os.environ.get("GIFT_DATA")  # the full data folder (d1_generations/, gsm8k_test.jsonl, ...), opt-in
 sys.path.insert(0, str(REPO))  # the top-level files are plain modules, not a package
 
 
 def shared_path(*parts):
-    """A path under ../shared, or skip the test with a reason when ../shared is absent."""
-    p = SHARED.joinpath(*parts)
+    """A file the tests once read from ../shared, now in the repository: ("golden", ...) -> tests/golden/...,
+    ("data", ...) -> tests/data/... A missing file is an error, not a skip."""
+    roots = dict(golden=GOLDEN, data=DATA)
+    if parts[0] not in roots:
+        raise ValueError(f"shared_path{parts}: only 'golden' and 'data' files are kept in tests/")
+    p = roots[parts[0]].joinpath(*parts[1:])
     if not p.exists():
-        pytest.skip(f"{p} not found (../shared is not beside the repo)")
+        raise FileNotFoundError(f"{p} not found: it is part of the repository")
     return p
+
+
+# -----------------------------------------------------------------------------
+# Opt-in tests on the full data: marked full_data, they run when $GIFT_DATA names the data folder, e.g.
+#     GIFT_DATA=/path/to/data python -m pytest -q tests
+# and are deselected (not skipped) without it, so that a clean clone runs every test it collects.
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "full_data: needs the full benchmark data in the folder $GIFT_DATA names; "
+                                       "deselected when GIFT_DATA is unset")
+
+
+def pytest_collection_modifyitems(config, items):
+    if FULL_DATA:
+        return
+    deselected = [item for item in items if item.get_closest_marker("full_data")]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if not item.get_closest_marker("full_data")]
+
+
+@pytest.fixture(scope="session")
+def full_data():
+    """The full data folder named by $GIFT_DATA (only full_data tests, which run only when it is set, use it)."""
+    path = Path(FULL_DATA)
+    if not (path / "d1_generations").is_dir():
+        raise FileNotFoundError(f"GIFT_DATA={FULL_DATA}: no d1_generations/ folder there (the folder holding "
+                                "d1_generations/, gsm8k_test.jsonl, math500_test.jsonl, ...)")
+    return path
 
 
 # -----------------------------------------------------------------------------
@@ -89,3 +126,19 @@ def metrics(out):
 def final_weights(out, lora):
     from safetensors.torch import load_file
     return load_file(latest(out) / ("adapter/adapter_model.safetensors" if lora else "model/model.safetensors"))
+
+
+# -----------------------------------------------------------------------------
+# --device: where the device-capable tests run (tests/test_device.py); bench/gpu.py passes --device cuda
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu", help="torch device of the device-capable tests (cpu, cuda, cuda:1)")
+
+
+@pytest.fixture(scope="session")
+def device(request):
+    d = torch.device(request.config.getoption("--device"))
+    if d.type == "cuda" and not torch.cuda.is_available():
+        pytest.fail("--device cuda, but torch sees no CUDA device", pytrace=False)
+    return d

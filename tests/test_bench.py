@@ -16,7 +16,8 @@ import torch
 import torch.nn as nn
 from conftest import REPO, tiny_model as tiny_llada
 
-from gift import diffusion_loss, entropy_betas, objective_batch
+from gift import first_pass_betas
+from on_model import model_loss, model_objective
 from sample import generate
 
 SCRIPTS = ("train_step", "memory", "sampler")
@@ -186,8 +187,8 @@ def test_naive_loss_equals_ours_value_and_gradient(loss_name):
     memory = bench_module("memory")
     model = tiny_model()
     ids, answer_mask = tiny_batch()
-    noisy, weight, norm, _ = objective_batch(loss_name, model, ids, answer_mask, torch.Generator().manual_seed(2))
-    ours = diffusion_loss(model, ids, noisy, weight, answer_mask, norm, chunk_size=5)
+    noisy, weight, norm = model_objective(loss_name, model, ids, answer_mask, torch.Generator().manual_seed(2))
+    ours = model_loss(model, ids, noisy, weight, answer_mask, norm, chunk_size=5)
     g_ours = torch.autograd.grad(ours, list(model.parameters()))
     naive, _ = memory.naive_diffusion_loss(model, ids, noisy, weight, answer_mask, norm)
     g_naive = torch.autograd.grad(naive, list(model.parameters()))
@@ -201,7 +202,8 @@ def test_naive_entropy_equals_ours():
     model = tiny_model(3).train()
     ids, answer_mask = tiny_batch(4)
     torch.testing.assert_close(memory.naive_entropy_betas(model, ids, answer_mask),
-                               entropy_betas(model, ids, answer_mask, chunk_size=7))
+                               first_pass_betas(model, "entropy", ids, answer_mask, model.config.mask_token_id,
+                                                chunk_size=7))
     assert model.training
 
 

@@ -16,8 +16,9 @@ from conftest import REPO, final_weights, latest, metrics, train_args
 from safetensors import safe_open
 
 import gift
-from gift import answer_entropy_and_nll, chunked_cross_entropy, main
+from gift import chunked_cross_entropy, main
 from model import LLaDA, LLaDAConfig, load_adapter, merge_lora
+from on_model import model_entropy_and_nll
 
 CPU_BF16 = torch.autocast("cpu", dtype=torch.bfloat16)
 
@@ -55,7 +56,7 @@ def test_softmax_is_float32_from_bf16_hidden_states(base):
     with torch.no_grad(), CPU_BF16:
         x = ids.masked_fill(answer, model.config.mask_token_id)
         logits = model.head(model(x, return_hidden=True)[answer])  # (N, V)
-        H, nll = answer_entropy_and_nll(model, ids, answer)
+        H, nll = model_entropy_and_nll(model, ids, answer)
         ce = chunked_cross_entropy(model.head, model(x, return_hidden=True)[answer], ids[answer], chunk_size=5)
     assert logits.dtype == torch.bfloat16 and H.dtype == torch.float32
     logp64 = F.log_softmax(logits.double(), -1)
@@ -71,7 +72,7 @@ def test_softmax_is_float32_from_bf16_hidden_states(base):
         h = model(x, return_hidden=True)[answer]
         logp64 = F.log_softmax(model.head(h).double(), -1)
         ce = chunked_cross_entropy(model.head, h, ids[answer], chunk_size=5)
-        H, _ = answer_entropy_and_nll(model, ids, answer)
+        H, _ = model_entropy_and_nll(model, ids, answer)
     torch.testing.assert_close(ce.double(), -logp64.gather(-1, ids[answer][:, None])[:, 0], rtol=0, atol=2e-5)
     torch.testing.assert_close(H[answer].double(), -(logp64.exp() * logp64).sum(-1), rtol=0, atol=2e-5)
 

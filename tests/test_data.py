@@ -8,7 +8,7 @@ import torch
 from tokenizers import Tokenizer, models, processors
 
 import data
-from conftest import shared_path
+from conftest import DATA
 
 # a char tokenizer that can spell any printable text, with LLaDA's special tokens
 PRINTABLE = "".join(dict.fromkeys(string.printable))
@@ -62,13 +62,12 @@ def test_training_pair_tokens_prompt_len_and_answer_mask(tok):
     # batched with a longer example: pads are <|endoftext|> and belong to the answer
     eos = sid(tok, data.EOS)
     other = data.encode_example(tok, messages, "A much longer answer")
-    input_ids, prompt_lengths = data.collate([(ids, prompt_len), other], pad_id=eos)
+    input_ids, answer_mask = data.collate([(ids, prompt_len), other], pad_id=eos)
     L = len(other[0])
     assert input_ids.shape == (2, L) and input_ids.dtype == torch.long
     assert input_ids[0].tolist() == ids + [eos] * (L - len(ids))
-    assert prompt_lengths.tolist() == [prompt_len, other[1]]
-    answer_mask = torch.arange(L)[None] >= prompt_lengths[:, None]
     assert answer_mask[0].tolist() == [False] * prompt_len + [True] * (L - prompt_len)
+    assert answer_mask[1].tolist() == [False] * other[1] + [True] * (L - other[1])
 
 
 def test_multi_turn_trains_on_last_assistant_turn(tok):
@@ -138,7 +137,7 @@ def test_special_ids_errors():
 
 
 def test_sft_system_prompt_matches_d1():
-    prompts = json.loads(shared_path("data", "d1_prompts.json").read_text())
+    prompts = json.loads((DATA / "d1_prompts.json").read_text())  # d1's strings (tests/data/README.md)
     assert data.SFT_SYSTEM_PROMPT == prompts["SFT_SYSTEM_PROMPT"]
 
 
@@ -287,9 +286,9 @@ def test_too_long_dropped_and_counted_never_truncated(tmp_path, tok):
 
 def test_collate_pad_to_and_errors():
     examples = [([1, 2, 3], 1), (torch.tensor([4, 5], dtype=torch.int32), 2)]
-    input_ids, prompt_lengths = data.collate(examples, pad_id=9, pad_to=6)
+    input_ids, answer_mask = data.collate(examples, pad_id=9, pad_to=6)
     assert input_ids.tolist() == [[1, 2, 3, 9, 9, 9], [4, 5, 9, 9, 9, 9]] and input_ids.dtype == torch.long
-    assert prompt_lengths.tolist() == [1, 2] and prompt_lengths.dtype == torch.long
+    assert answer_mask.tolist() == [[False] + [True] * 5, [False] * 2 + [True] * 4] and answer_mask.dtype == torch.bool
     assert data.collate(examples, pad_id=0)[0].tolist() == [[1, 2, 3], [4, 5, 0]]
     with pytest.raises(ValueError, match="more than pad_to=2"):
         data.collate(examples, pad_id=0, pad_to=2)

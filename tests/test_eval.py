@@ -1,5 +1,9 @@
-"""eval.py: d1's protocol constants, the benchmark loaders, prompts, each grading rule and quirk, the reproduction of
-d1's published numbers from d1's own stored generations, and evaluate() / the CLI with a tiny random model."""
+"""eval.py: d1's protocol constants, the benchmark loaders, prompts, each grading rule and quirk, d1's own verdicts
+on its stored generations, and evaluate() / the CLI with a tiny random model.
+
+The data tests read the fixture in tests/data (tests/data/README.md): a few hundred of d1's stored generations per
+task with d1's per-item verdicts, on which our graders must agree item by item. The full-set reproduction of d1's
+published numbers is opt-in (marker full_data): GIFT_DATA=/path/to/data python -m pytest -q tests/test_eval.py"""
 
 import ast
 import glob
@@ -12,10 +16,10 @@ import pytest
 import torch
 
 import eval as E
-from conftest import SHARED
+from conftest import DATA
 
 # d1 paper Table 1 (LLaDA-8B-Instruct) at gen length 128 / 256 / 512. GSM8K: d1's rules on the 1130 problems that
-# the stored files hold (the paper's 68.7 / 76.7 / 78.2 are on all 1319; see ../shared/data/SOURCES.md).
+# the stored files hold (the paper's 68.7 / 76.7 / 78.2 are on all 1319; see tests/data/README.md).
 D1_GENERATIONS_PUBLISHED = {
     "math500": (26.0, 32.4, 36.2),
     "countdown": (20.7, 19.5, 16.0),
@@ -26,21 +30,37 @@ DATA_FILES = dict(gsm8k="gsm8k_test.jsonl", math500="math500_test.jsonl", countd
                   sudoku="sudoku_4x4_test.csv")
 
 
-def shared(*parts):
-    """A path under ../shared; the test is skipped only when ../shared itself is absent."""
-    if not SHARED.exists():
-        pytest.skip(f"{SHARED} not found: the d1 data tests need ../shared beside the repo")
-    return SHARED.joinpath(*parts)
+GEN_LENGTHS = (128, 256, 512)
 
 
-def d1_rows(task, gen_length):
-    files = sorted(glob.glob(str(shared("data", "d1_generations", f"{task}_instruct_{gen_length}_*_generations.json"))))
+def fixture_rows(task):
+    """The fixture's rows of d1's generations: {gen_length, file, row, question, ground_truth, generation} and d1's
+    verdict, d1_correct (Sudoku: d1_correct_cells, d1_empty_cells)."""
+    return [json.loads(line) for line in (DATA / f"d1_{task}.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def d1_rows(folder, task, gen_length):
+    """All of d1's stored rows {question, generations, ground_truth} for one task and gen length (full data)."""
+    files = sorted(glob.glob(str(folder / "d1_generations" / f"{task}_instruct_{gen_length}_*_generations.json")))
     assert files, f"no d1 generations for {task} {gen_length}"
-    return [row for f in files for row in json.load(open(f))["generations"]]
+    return [row for f in files for row in json.load(open(f, encoding="utf-8"))["generations"]]
 
 
 def puzzle_of(question):
     return re.search(r"puzzle: (\d{16})", question).group(1)
+
+
+def our_verdict(task, row, generation_key="generation"):
+    """Our grader on one stored row: a bool, or (correct cells, empty cells) for Sudoku. d1's GSM8K gold None (the
+    two negative answers, whose sign its regex misses) is always wrong."""
+    gen, gt = row[generation_key], row["ground_truth"]
+    if task == "sudoku":
+        return E.grade_sudoku(gen, puzzle_of(row["question"]), gt)
+    if task == "countdown":
+        return E.grade_countdown(gen, *gt)
+    if task == "math500":
+        return E.grade_math(gen, gt)
+    return gt is not None and E.grade_gsm8k(gen, gt)
 
 
 # -----------------------------------------------------------------------------
@@ -48,7 +68,7 @@ def puzzle_of(question):
 
 
 def test_instructions_equal_d1_prompts_file():
-    d1 = json.loads(shared("data", "d1_prompts.json").read_text())
+    d1 = json.loads((DATA / "d1_prompts.json").read_text())
     for name in ("GSM_SYSTEM_PROMPT", "MATH500_SYSTEM_PROMPT", "CTD_SYSTEM_PROMPT", "SUDOKU_SYSTEM_PROMPT"):
         assert getattr(E, name) == d1[name], name
 
@@ -63,31 +83,47 @@ def test_sudoku_subset_indices():
     assert idx[:10] == [361, 73, 374, 155, 104, 394, 377, 124, 68, 450]
     assert len(idx) == len(set(idx)) == 256
     assert sorted(E.sudoku_subset(10)) == list(range(10))  # a small file is only shuffled
-    listed = re.search(r"Seed-42 row indices.*?```\s*([\d,]+)\s*```", shared("data", "SOURCES.md").read_text(), re.S)
-    assert idx == [int(i) for i in listed.group(1).split(",")]  # the full list SOURCES.md gives
+    listed = re.search(r"Seed-42 row indices.*?```\s*([\d,]+)\s*```", (DATA / "README.md").read_text(), re.S)
+    assert idx == [int(i) for i in listed.group(1).split(",")]  # the full list d1's files confirm (README)
 
 
 # -----------------------------------------------------------------------------
 # Loaders
 
 
+def check_questions_and_golds(task, items, rows):
+    """Our question templates give d1's questions, our golds its ground truths."""
+    by_question = {it["question"]: it for it in items}
+    for row in rows:
+        it = by_question[row["question"]]
+        gt = row["ground_truth"]
+        if task == "countdown":
+            assert [it["numbers"], it["target"]] == gt
+        elif task == "sudoku":
+            assert (it["puzzle"], it["solution"]) == (puzzle_of(row["question"]), gt)
+        elif gt is not None:  # GSM8K: d1's None golds are the two negative answers (see below)
+            assert it["gold"] == gt
+
+
 def test_loaders_match_d1_questions_and_golds():
+    """On the fixture: the cut GSM8K / MATH500 files hold the problems of the fixture's rows, Countdown and Sudoku are
+    whole; every fixture row, at every gen length, is checked."""
     for task, name in DATA_FILES.items():
-        items = E.load_benchmark(task, shared("data", name))
-        assert len(items) == dict(gsm8k=1319, math500=500, countdown=256, sudoku=256)[task]
-        by_question = {it["question"]: it for it in items}
-        for row in d1_rows(task, 256):  # our question templates give d1's questions; our golds its ground truths
-            it = by_question[row["question"]]
-            gt = row["ground_truth"]
-            if task == "countdown":
-                assert [it["numbers"], it["target"]] == gt
-            elif task == "sudoku":
-                assert (it["puzzle"], it["solution"]) == (puzzle_of(row["question"]), gt)
-            elif gt is not None:  # GSM8K: d1's None golds are the two negative answers (see below)
-                assert it["gold"] == gt
-    sudoku = E.load_sudoku(shared("data", DATA_FILES["sudoku"]))
-    assert sudoku[0]["puzzle"] == open(shared("data", DATA_FILES["sudoku"])).read().splitlines()[1 + 361][:16]
+        items = E.load_benchmark(task, DATA / name)
+        lines = (DATA / name).read_text(encoding="utf-8").splitlines()
+        assert len(items) == (256 if task == "sudoku" else len(lines))  # Sudoku: d1's subset of the 500
+        check_questions_and_golds(task, items, fixture_rows(task))
+    sudoku = E.load_sudoku(DATA / DATA_FILES["sudoku"])
+    assert sudoku[0]["puzzle"] == (DATA / DATA_FILES["sudoku"]).read_text().splitlines()[1 + 361][:16]
     assert any(it["puzzle"].startswith("0") for it in sudoku)  # read as text: leading zeros kept
+
+
+@pytest.mark.full_data
+def test_loaders_match_d1_questions_and_golds_full_data(full_data):
+    for task, name in DATA_FILES.items():
+        items = E.load_benchmark(task, full_data / name)
+        assert len(items) == dict(gsm8k=1319, math500=500, countdown=256, sudoku=256)[task]
+        check_questions_and_golds(task, items, d1_rows(full_data, task, 256))
 
 
 def test_gsm8k_gold_parsing():
@@ -95,7 +131,7 @@ def test_gsm8k_gold_parsing():
     assert E.parse_gsm8k_gold("#### -10") == -10.0  # d1's regex misses the sign (gold None)
     assert E.parse_gsm8k_gold("#### $5.50") == 5.5
     assert E.parse_gsm8k_gold("no final answer") is None
-    item = E.load_gsm8k(shared("data", "gsm8k_test.jsonl"))[0]
+    item = E.load_gsm8k(DATA / "gsm8k_test.jsonl")[0]  # the file's first line: the fixture keeps it
     assert item["gold"] == 18.0 and "<<" not in item["reasoning"] and "####" not in item["reasoning"]
 
 
@@ -152,7 +188,7 @@ def test_few_shot_format():
 
 
 def test_few_shot_countdown_solutions_grade_correct():
-    for it in E.load_countdown(shared("data", DATA_FILES["countdown"])):
+    for it in E.load_countdown(DATA / DATA_FILES["countdown"]):  # the whole file
         expression = E.solve_countdown(it["numbers"], it["target"])
         assert E.grade_countdown("\\boxed{" + expression + "}", it["numbers"], it["target"]), it
     assert E.solve_countdown([2, 3], 100) is None
@@ -340,38 +376,81 @@ def test_sudoku_scoring_pads_and_cuts():
 
 
 # -----------------------------------------------------------------------------
-# d1's own generations: our graders give d1's published numbers
+# d1's own generations: our graders give d1's verdict on every fixture item (and, opt-in, d1's published numbers on
+# the full files)
 
 
 @pytest.mark.parametrize("task", ["math500", "countdown", "sudoku", "gsm8k"])
-def test_d1_generations_reproduce_published_numbers(task):
+def test_graders_agree_with_d1_on_every_fixture_item(task):
+    rows = fixture_rows(task)
+    for r in rows:
+        want = (r["d1_correct_cells"], r["d1_empty_cells"]) if task == "sudoku" else r["d1_correct"]
+        assert our_verdict(task, r) == want, (r["file"], r["row"], r["generation"][-300:])
+    for gen_length in GEN_LENGTHS:  # both verdicts, at every gen length
+        verdicts = {bool(r["d1_correct_cells"] if task == "sudoku" else r["d1_correct"])
+                    for r in rows if r["gen_length"] == gen_length}
+        assert verdicts == {True, False}, (task, gen_length)
+    if task == "sudoku":  # answers scored in full, in part and not at all
+        assert {min(r["d1_correct_cells"], 1) + (r["d1_correct_cells"] == r["d1_empty_cells"])
+                for r in rows} == {0, 1, 2}
+
+
+def test_gsm8k_negative_golds_with_our_parsing():
+    """d1 drops the sign of the two negative golds (its gold is None: always wrong); ours keeps it, and then our
+    verdict is d1's rule's with the signed gold. The fixture holds both items at each gen length."""
+    ours = {it["question"]: it["gold"] for it in E.load_gsm8k(DATA / "gsm8k_test.jsonl")}
+    rows = fixture_rows("gsm8k")
+    negative = [r for r in rows if r["ground_truth"] is None]
+    assert sorted((r["gen_length"], ours[r["question"]]) for r in negative) == [
+        (n, g) for n in GEN_LENGTHS for g in (-10.0, -3.0)]
+    for r in negative:
+        assert E.grade_gsm8k(r["generation"], ours[r["question"]]) == r["d1_correct_signed_gold"], (r["file"], r["row"])
+    assert all(ours[r["question"]] == r["ground_truth"] for r in rows if r["ground_truth"] is not None)
+
+
+@pytest.mark.full_data
+@pytest.mark.parametrize("task", ["math500", "countdown", "sudoku", "gsm8k"])
+def test_d1_generations_reproduce_published_numbers(task, full_data):
     got = []
-    for gen_length in (128, 256, 512):
-        rows = d1_rows(task, gen_length)
+    for gen_length in GEN_LENGTHS:
+        rows = d1_rows(full_data, task, gen_length)
+        verdicts = [our_verdict(task, r, "generations") for r in rows]
         if task == "sudoku":
-            cells = [E.grade_sudoku(r["generations"], puzzle_of(r["question"]), r["ground_truth"]) for r in rows]
-            acc = 100 * sum(c for c, _ in cells) / sum(e for _, e in cells)
-        elif task == "countdown":
-            acc = 100 * sum(E.grade_countdown(r["generations"], *r["ground_truth"]) for r in rows) / len(rows)
-        elif task == "math500":
-            acc = 100 * sum(E.grade_math(r["generations"], r["ground_truth"]) for r in rows) / len(rows)
-        else:  # d1's gold: None (always wrong) for the two negative answers
-            acc = 100 * sum(r["ground_truth"] is not None and E.grade_gsm8k(r["generations"], r["ground_truth"])
-                            for r in rows) / len(rows)
+            acc = 100 * sum(c for c, _ in verdicts) / sum(e for _, e in verdicts)
+        else:
+            acc = 100 * sum(verdicts) / len(rows)
         got.append(round(acc, 1))
     assert tuple(got) == D1_GENERATIONS_PUBLISHED[task]
 
 
-def test_gsm8k_negative_golds_with_our_parsing():
-    """d1 drops the sign of the two negative golds; ours keeps it, and the model answered them right."""
-    ours = {it["question"]: it["gold"] for it in E.load_gsm8k(shared("data", "gsm8k_test.jsonl"))}
+@pytest.mark.full_data
+def test_gsm8k_negative_golds_with_our_parsing_full_data(full_data):
+    """With the signed golds, d1's 1130 stored GSM8K generations score 69.5 / 76.5 / 78.2."""
+    ours = {it["question"]: it["gold"] for it in E.load_gsm8k(full_data / "gsm8k_test.jsonl")}
     got = []
-    for gen_length in (128, 256, 512):
-        rows = d1_rows(task="gsm8k", gen_length=gen_length)
+    for gen_length in GEN_LENGTHS:
+        rows = d1_rows(full_data, "gsm8k", gen_length)
         assert len(rows) == 1130
         assert sorted(ours[r["question"]] for r in rows if r["ground_truth"] is None) == [-10.0, -3.0]
         got.append(round(100 * sum(E.grade_gsm8k(r["generations"], ours[r["question"]]) for r in rows) / len(rows), 1))
     assert tuple(got) == (69.5, 76.5, 78.2)
+
+
+@pytest.mark.full_data
+def test_fixture_is_cut_from_the_full_data(full_data):
+    """tests/data holds d1's rows and the benchmark lines as they are in the full data (make_fixture.py)."""
+    for task in DATA_FILES:
+        for r in fixture_rows(task):
+            stored = json.load(open(full_data / "d1_generations" / r["file"], encoding="utf-8"))
+            row = stored["generations"][r["row"]]
+            assert stored["gen_length"] == r["gen_length"]
+            assert (row["question"], row["ground_truth"], row["generations"]) == (
+                r["question"], r["ground_truth"], r["generation"]), (r["file"], r["row"])
+    for name in ("countdown_cd3_test.jsonl", "sudoku_4x4_test.csv", "d1_prompts.json"):
+        assert (DATA / name).read_bytes() == (full_data / name).read_bytes(), name
+    for name in ("gsm8k_test.jsonl", "math500_test.jsonl"):  # a subsequence of the full file's lines
+        full = iter((full_data / name).read_bytes().splitlines(keepends=True))
+        assert all(line in full for line in (DATA / name).read_bytes().splitlines(keepends=True)), name
 
 
 # -----------------------------------------------------------------------------

@@ -1,15 +1,16 @@
-"""The opt-in fast sampler (sample.generate's cache= and threshold=, after Fast-dLLM): the model's key/value cache is
-exact where it is built; a cache rebuilt at every step gives the exact sampler's tokens (so the cache logic is the
-only difference of the fast modes); without a threshold the cached sampler keeps the exact step schedule; the
-threshold unmasks what is confident and ends blocks early."""
+"""The opt-in fast sampler (sample.generate_cached's cache= and threshold=, after Fast-dLLM): without a cache or a
+threshold it is the exact sampler, token for token; the model's key/value cache is exact where it is built; a cache
+rebuilt at every step gives the exact sampler's tokens (so the cache logic is the only difference of the fast modes);
+without a threshold the cached sampler keeps the exact step schedule; the threshold unmasks what is confident and
+ends blocks early."""
 
 import pytest
 import torch
-from test_sample import EOS, MASK, left_pad, no_mask_model, random_prompts
+from test_sample import EOS, MASK, SETTINGS, left_pad, no_mask_model, random_prompts, tiny_model
 
 import sample
 from model import apply_rope, rope_cos_sin
-from sample import generate
+from sample import generate, generate_cached
 
 
 def float64_model(seed=0):
@@ -21,6 +22,26 @@ def padded_batch(seed=0):
     """Three prompts of lengths 5, 9, 7, left-padded: (ids, attention_mask)."""
     g = torch.Generator().manual_seed(seed)
     return left_pad([torch.randint(0, EOS, (n,), generator=g) for n in (5, 9, 7)])
+
+
+@pytest.mark.parametrize("draws", ["global_rng", "per_row_generators"])
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_without_cache_or_threshold_it_is_the_exact_sampler(name, draws):
+    """generate_cached(cache=None, threshold=None) degenerates to generate(): the same tokens, from the same random
+    draws in the same order (the global RNG ends in the same state), on every setting checked against the official
+    sampler, with a left-padded batch and a model that may propose the mask token itself."""
+    model = tiny_model(seed=1)
+    prompt, attention_mask = left_pad([random_prompts(1, n, seed=n)[0] for n in (3, 6, 5)])
+
+    def run(sampler, **fast):
+        torch.manual_seed(7)
+        rows = [torch.Generator().manual_seed(s) for s in (1, 2, 3)] if draws == "per_row_generators" else None
+        out = sampler(model, prompt, attention_mask, generator=rows, **SETTINGS[name], **fast)
+        return out, torch.get_rng_state()
+
+    exact, exact_state = run(generate)
+    cached, cached_state = run(generate_cached, cache=None, threshold=None)
+    assert torch.equal(cached, exact) and torch.equal(cached_state, exact_state)
 
 
 def test_the_cache_holds_a_fresh_forwards_keys_and_values():
@@ -57,8 +78,8 @@ def test_a_cache_rebuilt_every_step_gives_the_exact_tokens(cache, kw):
     model = float64_model()
     ids, mask = padded_batch()
     exact = generate(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3), **kw)
-    cached = generate(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3), cache=cache,
-                      refresh_cache_every_step=True, **kw)
+    cached = generate_cached(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3), cache=cache,
+                             refresh_cache_every_step=True, **kw)
     assert torch.equal(cached, exact)
     assert not (exact == MASK).any()
 
@@ -71,13 +92,13 @@ def test_one_step_per_block_never_reads_the_cache(cache):
     model = float64_model()
     ids, mask = padded_batch()
     kw = dict(steps=4, gen_length=16, block_length=4)
-    assert torch.equal(generate(model, ids, mask, cache=cache, **kw), generate(model, ids, mask, **kw))
-    out = generate(model, ids, mask, steps=16, gen_length=16, block_length=4, cache=cache)
+    assert torch.equal(generate_cached(model, ids, mask, cache=cache, **kw), generate(model, ids, mask, **kw))
+    out = generate_cached(model, ids, mask, steps=16, gen_length=16, block_length=4, cache=cache)
     assert torch.equal(out[:, :ids.shape[1]], ids) and not (out == MASK).any()
 
 
-def unmasked_per_step(monkeypatch, **kw):
-    """Run generate and return, per step, how many tokens each row unmasked."""
+def unmasked_per_step(monkeypatch, sampler, **kw):
+    """Run the sampler and return, per step, how many tokens each row unmasked."""
     counts, real = [], sample.transfer_index
 
     def record(confidence, k):
@@ -85,17 +106,18 @@ def unmasked_per_step(monkeypatch, **kw):
         counts.append(chosen.sum(1).tolist())
         return chosen
     monkeypatch.setattr(sample, "transfer_index", record)
-    generate(float64_model(), *padded_batch(), gen_length=16, **kw)
+    sampler(float64_model(), *padded_batch(), gen_length=16, **kw)
     monkeypatch.undo()
     return counts
 
 
 @pytest.mark.parametrize("steps,block_length", [(16, 4), (8, 4), (4, 16)])
 def test_without_a_threshold_the_cached_sampler_keeps_the_exact_schedule(monkeypatch, steps, block_length):
-    exact = unmasked_per_step(monkeypatch, steps=steps, block_length=block_length)
+    exact = unmasked_per_step(monkeypatch, generate, steps=steps, block_length=block_length)
     assert len(exact) == steps
     for cache in ("prefix", "dual"):
-        assert unmasked_per_step(monkeypatch, steps=steps, block_length=block_length, cache=cache) == exact
+        assert unmasked_per_step(monkeypatch, generate_cached, steps=steps, block_length=block_length,
+                                 cache=cache) == exact
 
 
 def test_threshold_unmasks_every_confident_token_and_ends_blocks_early():
@@ -103,17 +125,18 @@ def test_threshold_unmasks_every_confident_token_and_ends_blocks_early():
     ids, mask = padded_batch()
     calls = []
     hook = model.register_forward_hook(lambda m, args, out: calls.append(1))
-    out = generate(model, ids, mask, steps=16, gen_length=16, block_length=4, threshold=0.0)
+    out = generate_cached(model, ids, mask, steps=16, gen_length=16, block_length=4, cache=None, threshold=0.0)
     assert len(calls) == 4  # every candidate beats 0: each block in one step
     assert not (out == MASK).any()
     calls.clear()
     # a threshold nothing reaches: one token per step, the most confident: the exact sampler with one per step
-    out = generate(model, ids, mask, steps=16, gen_length=16, block_length=4, threshold=1 - 1e-12)
+    out = generate_cached(model, ids, mask, steps=16, gen_length=16, block_length=4, cache=None,
+                          threshold=1 - 1e-12)
     hook.remove()
     assert len(calls) == 16
     assert torch.equal(out, generate(model, ids, mask, steps=16, gen_length=16, block_length=4))
     for cache in ("prefix", "dual"):  # with a cache too: fewer steps, every mask filled
-        fast = generate(model, ids, mask, steps=16, gen_length=16, block_length=4, threshold=0.5, cache=cache)
+        fast = generate_cached(model, ids, mask, steps=16, gen_length=16, block_length=4, threshold=0.5, cache=cache)
         assert not (fast == MASK).any() and torch.equal(fast[:, :ids.shape[1]], ids)
 
 
@@ -133,9 +156,9 @@ def test_bad_fast_options_are_refused():
     model = float64_model()
     ids = random_prompts(1, 4, 0)
     with pytest.raises(ValueError, match="cache='full'"):
-        generate(model, ids, gen_length=4, steps=4, block_length=4, cache="full")
+        generate_cached(model, ids, gen_length=4, steps=4, block_length=4, cache="full")
     with pytest.raises(ValueError, match="threshold=1.5"):
-        generate(model, ids, gen_length=4, steps=4, block_length=4, threshold=1.5)
+        generate_cached(model, ids, gen_length=4, steps=4, block_length=4, threshold=1.5)
     with pytest.raises(ValueError, match="2 generators for 1 rows"):
         generate(model, ids, gen_length=4, steps=4, block_length=4, generator=[torch.Generator()] * 2)
 
@@ -148,7 +171,7 @@ def test_what_each_mode_runs_at_each_step(cache):
     ids, mask = padded_batch()  # P = 9
     lengths = []
     hook = model.register_forward_pre_hook(lambda m, args: lengths.append(args[0].shape[1]))
-    generate(model, ids, mask, steps=8, gen_length=8, block_length=4, cache=cache)  # 2 blocks x 4 steps, L = 17
+    generate_cached(model, ids, mask, steps=8, gen_length=8, block_length=4, cache=cache)  # 2 blocks x 4 steps, L = 17
     hook.remove()
     P, L = 9, 17
     want = {None: [L] * 8,

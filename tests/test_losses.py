@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from conftest import shared_path, tiny_model
 from safetensors.torch import load_file
 
-from gift import (LOSSES, answer_entropy_and_nll, chunked_cross_entropy, diffusion_loss, draw_t, dream_weights,
-                  entropy_betas, gift_elbo_jacobian, gift_mask_probs, importance_weights, mask_tokens,
-                  objective_batch, reference_betas, sft_mask_probs)
+from gift import (LOSSES, chunked_cross_entropy, dream_weights, first_pass_betas, gift_elbo_jacobian, gift_mask_probs,
+                  importance_weights, mask_tokens, sft_mask_probs, uniforms)
+from on_model import model_betas, model_entropy_and_nll, model_loss, model_objective
 from model import LLaDA, add_lora, lora_layers
 
 f64 = torch.float64
@@ -114,9 +114,9 @@ def test_importance_weights_unbiased_exact_and_monte_carlo():
     ids, mask_id = torch.zeros(N, L, dtype=torch.long), 9
     am = answer_mask.expand(N, L)
     for use_gift in (False, True):
-        t = draw_t(N, g, "cpu").double()
+        t = uniforms((N,), g, "cpu").double()
         p = gift_mask_probs(t, beta.expand(N, L), am) if use_gift else sft_mask_probs(t, am)
-        m = mask_tokens(ids, p, mask_id, g) == mask_id
+        m = mask_tokens(ids, p, uniforms(ids.shape, g, "cpu"), mask_id) == mask_id
         assert not m[:, 0].any()  # the prompt is never masked
         est = (m * importance_weights(p, am) * c).sum(1)
         assert (est.mean() - target).abs() < 5 * est.std() / N ** 0.5
@@ -169,7 +169,7 @@ def expected_loss(model, x0, answer_mask, p_i, w_i, dt):
     weight = (dt[:, None, None] * prob[..., None] * w_i[:, None]).sum(0) * m  # (R, L)
     x = x0.expand(len(m), L)
     noisy = torch.where(m, model.config.mask_token_id, x)
-    return diffusion_loss(model, x, noisy, weight, answer_mask.expand(len(m), L), norm="masked", denominator=1.0)
+    return model_loss(model, x, noisy, weight, answer_mask.expand(len(m), L), norm="masked", denominator=1.0)
 
 
 def test_exact_denoiser_elbo_sft_and_gift_elbo_exact_gift_not():
@@ -212,13 +212,13 @@ def test_equal_betas_mask_exactly_as_sft_and_scale_invariance():
     model = tiny_model()
     ids, answer_mask = tiny_batch(4, B=6, L=20)
     const = torch.full(ids.shape, 0.7)
-    out_sft = objective_batch("sft", model, ids, answer_mask, gen(11))
-    out_star = objective_batch("gift-star", model, ids, answer_mask, gen(11), ref_betas=const)
+    out_sft = model_objective("sft", model, ids, answer_mask, gen(11))
+    out_star = model_objective("gift-star", model, ids, answer_mask, gen(11), ref_betas=const)
     assert torch.equal(out_sft[0], out_star[0])  # same draws, same mask
     torch.testing.assert_close(out_sft[1], out_star[1])
     for norm in ("answer", "masked"):
-        torch.testing.assert_close(diffusion_loss(model, ids, out_sft[0], out_sft[1], answer_mask, norm),
-                                   diffusion_loss(model, ids, out_star[0], out_star[1], answer_mask, norm))
+        torch.testing.assert_close(model_loss(model, ids, out_sft[0], out_sft[1], answer_mask, norm),
+                                   model_loss(model, ids, out_star[0], out_star[1], answer_mask, norm))
 
     beta = torch.rand(ids.shape, generator=gen(5))
     t = torch.rand(len(ids), generator=gen(6))
@@ -226,8 +226,8 @@ def test_equal_betas_mask_exactly_as_sft_and_scale_invariance():
         torch.testing.assert_close(gift_mask_probs(t, c * beta, answer_mask), gift_mask_probs(t, beta, answer_mask))
         torch.testing.assert_close(gift_elbo_jacobian(t, c * beta, answer_mask),
                                    gift_elbo_jacobian(t, beta, answer_mask))
-        a = objective_batch("gift-star", model, ids, answer_mask, gen(12), ref_betas=beta)
-        b = objective_batch("gift-star", model, ids, answer_mask, gen(12), ref_betas=c * beta)
+        a = model_objective("gift-star", model, ids, answer_mask, gen(12), ref_betas=beta)
+        b = model_objective("gift-star", model, ids, answer_mask, gen(12), ref_betas=c * beta)
         assert torch.equal(a[0], b[0])
         torch.testing.assert_close(a[1], b[1])
 
@@ -245,7 +245,7 @@ def test_golden_sft_loss():
     p_mask = sft_mask_probs(gold["t"], answer_mask, eps=1e-3)
     torch.testing.assert_close(p_mask[answer_mask], gold["p_mask"][answer_mask])
     weight = importance_weights(p_mask, answer_mask)
-    loss = diffusion_loss(model, ids, gold["noisy_batch"], weight, answer_mask, norm="answer")
+    loss = model_loss(model, ids, gold["noisy_batch"], weight, answer_mask, norm="answer")
     torch.testing.assert_close(loss, gold["loss"][0], rtol=1e-5, atol=0)
     assert abs(loss.item() - 2.4899890) < 1e-5
     masked = gold["masked_indices"].bool()
@@ -256,7 +256,7 @@ def test_golden_sft_loss():
     # pre-training: no prompt, sum / (B L) = "answer" norm with every position in the answer
     everything = torch.ones_like(answer_mask)
     p_all = sft_mask_probs(gold["t"], everything, eps=1e-3)
-    pre = diffusion_loss(model, ids, gold["pretrain_noisy_batch"], importance_weights(p_all, everything), everything)
+    pre = model_loss(model, ids, gold["pretrain_noisy_batch"], importance_weights(p_all, everything), everything)
     torch.testing.assert_close(pre, gold["pretrain_loss"][0], rtol=1e-5, atol=0)
 
 
@@ -271,11 +271,11 @@ def test_entropy_pass_chunked_equals_direct_no_graph_dropout_off():
         nn.init.normal_(m.lora_B, std=0.2, generator=gen(8))  # non-zero adapters, so dropout would show
     model.train()
     ids, answer_mask = tiny_batch(9, B=3, L=13)
-    beta = entropy_betas(model, ids, answer_mask, chunk_size=5)
-    H, nll = answer_entropy_and_nll(model, ids, answer_mask, chunk_size=4)
+    beta = model_betas(model, ids, answer_mask, chunk_size=5)
+    H, nll = model_entropy_and_nll(model, ids, answer_mask, chunk_size=4)
     assert model.training  # mode restored
     assert not beta.requires_grad and beta.grad_fn is None and not H.requires_grad
-    torch.testing.assert_close(entropy_betas(model, ids, answer_mask, chunk_size=5), beta, rtol=0, atol=0)
+    torch.testing.assert_close(model_betas(model, ids, answer_mask, chunk_size=5), beta, rtol=0, atol=0)
     model.eval()
     with torch.no_grad():
         logp = model(ids.masked_fill(answer_mask, model.config.mask_token_id)).float().log_softmax(-1)  # (B, L, V)
@@ -285,20 +285,20 @@ def test_entropy_pass_chunked_equals_direct_no_graph_dropout_off():
     torch.testing.assert_close(H, torch.where(answer_mask, H_direct, 0.0))
     torch.testing.assert_close(nll, torch.where(answer_mask, -logp.gather(-1, ids[..., None])[..., 0], 0.0))
     assert (beta[~answer_mask] == 0).all() and (beta[answer_mask] > 0).all()
-    torch.testing.assert_close(entropy_betas(model, ids, answer_mask, power=1.0), H)
+    torch.testing.assert_close(model_betas(model, ids, answer_mask, power=1.0), H)
 
 
 def test_reference_betas_use_the_base_model_under_lora():
     model = tiny_model(2)
     ids, answer_mask = tiny_batch(10, B=2, L=12)
-    base = entropy_betas(model, ids, answer_mask)
+    base = model_betas(model, ids, answer_mask)
     with pytest.raises(ValueError, match="ref_betas"):
-        reference_betas(model, ids, answer_mask)
+        first_pass_betas(model, "initial", ids, answer_mask, model.config.mask_token_id)
     add_lora(model, r=4, alpha=8, dropout=0.0, generator=gen(7))
     for _, m in lora_layers(model):
         nn.init.normal_(m.lora_B, std=0.2, generator=gen(8))
-    assert not torch.allclose(entropy_betas(model, ids, answer_mask), base)
-    torch.testing.assert_close(reference_betas(model, ids, answer_mask), base)
+    assert not torch.allclose(model_betas(model, ids, answer_mask), base)
+    torch.testing.assert_close(first_pass_betas(model, "initial", ids, answer_mask, model.config.mask_token_id), base)
     assert all(m.enabled for _, m in lora_layers(model))
 
 
@@ -326,7 +326,7 @@ def test_chunked_cross_entropy_equals_full_logits_value_and_gradient():
 def test_diffusion_loss_never_keeps_full_vocabulary_logits():
     model = tiny_model(6)  # V = 48, distinct from every other size below
     ids, answer_mask = tiny_batch(20, B=3, L=20)
-    noisy, weight, norm, _ = objective_batch("sft", model, ids, answer_mask, gen(21))
+    noisy, weight, norm = model_objective("sft", model, ids, answer_mask, gen(21))
     saved = []
 
     def pack(x):
@@ -334,7 +334,7 @@ def test_diffusion_loss_never_keeps_full_vocabulary_logits():
         return x
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
-        loss = diffusion_loss(model, ids, noisy, weight, answer_mask, norm, chunk_size=4)
+        loss = model_loss(model, ids, noisy, weight, answer_mask, norm, chunk_size=4)
     assert saved and not any(48 in shape for shape in saved)  # no logits (or head weight) held for backward
     loss.backward()
 
@@ -342,49 +342,49 @@ def test_diffusion_loss_never_keeps_full_vocabulary_logits():
 def test_global_denominator_makes_micro_batches_add_up():
     model = tiny_model(3)
     ids, answer_mask = tiny_batch(14, B=6, L=16)
-    noisy, weight, _, stats = objective_batch("gift", model, ids, answer_mask, gen(15))
-    n_masked = stats["n_masked"]
-    assert n_masked == ((noisy == model.config.mask_token_id) & answer_mask).sum()
+    noisy, weight, _ = model_objective("gift", model, ids, answer_mask, gen(15))
+    n_masked = ((noisy == model.config.mask_token_id) & answer_mask).sum()
+    assert 0 < n_masked < answer_mask.sum()
     for norm, denom in (("answer", len(ids)), ("masked", n_masked)):
-        full = diffusion_loss(model, ids, noisy, weight, answer_mask, norm)
-        parts = sum(diffusion_loss(model, ids[s], noisy[s], weight[s], answer_mask[s], norm, denominator=denom)
+        full = model_loss(model, ids, noisy, weight, answer_mask, norm)
+        parts = sum(model_loss(model, ids[s], noisy[s], weight[s], answer_mask[s], norm, denominator=denom)
                     for s in (slice(0, 2), slice(2, 6)))
         torch.testing.assert_close(parts, full)
 
 
 def test_explicit_mask_id_overrides_the_config():
-    """mask_id= is what the four loss functions mask with: a model whose config names a wrong mask id, given the
-    right one explicitly, computes exactly what the model with the right config computes (and without it, not)."""
+    """mask_id= is what the loss functions mask with (Part I never reads a config): a model whose config names a
+    wrong mask id, given the right one explicitly, computes exactly what the model with the right config computes
+    (and with the config's, not)."""
     model = tiny_model(8)
     wrong = copy.deepcopy(model)
     wrong.config.mask_token_id = 5  # an ordinary token of tiny_batch's ids
     m = model.config.mask_token_id
     ids, answer_mask = tiny_batch(22, B=3, L=14)
-    H, nll = answer_entropy_and_nll(model, ids, answer_mask)
-    H_w, nll_w = answer_entropy_and_nll(wrong, ids, answer_mask, mask_id=m)
+    H, nll = model_entropy_and_nll(model, ids, answer_mask)
+    H_w, nll_w = model_entropy_and_nll(wrong, ids, answer_mask, mask_id=m)
     assert torch.equal(H_w, H) and torch.equal(nll_w, nll) and H_w.dtype == nll_w.dtype == torch.float32
-    beta = entropy_betas(model, ids, answer_mask)
-    assert torch.equal(entropy_betas(wrong, ids, answer_mask, mask_id=m), beta)
-    assert not torch.equal(entropy_betas(wrong, ids, answer_mask), beta)
+    beta = model_betas(model, ids, answer_mask)
+    assert torch.equal(model_betas(wrong, ids, answer_mask, mask_id=m), beta)
+    assert not torch.equal(model_betas(wrong, ids, answer_mask), beta)
     for name in ("sft", "gift", "nll"):
-        noisy, weight, norm, stats = objective_batch(name, model, ids, answer_mask, gen(23))
-        noisy_w, weight_w, _, stats_w = objective_batch(name, wrong, ids, answer_mask, gen(23), mask_id=m)
+        noisy, weight, norm = model_objective(name, model, ids, answer_mask, gen(23))
+        noisy_w, weight_w, _ = model_objective(name, wrong, ids, answer_mask, gen(23), mask_id=m)
         assert torch.equal(noisy_w, noisy) and torch.equal(weight_w, weight), name
-        assert stats_w.keys() == stats.keys() and all(torch.equal(stats_w[k], stats[k]) for k in stats), name
-        loss = diffusion_loss(model, ids, noisy, weight, answer_mask, norm)
-        assert torch.equal(diffusion_loss(wrong, ids, noisy, weight, answer_mask, norm, mask_id=m), loss), name
-        assert diffusion_loss(wrong, ids, noisy, weight, answer_mask, norm) != loss  # the config's id would differ
-        assert not torch.equal(objective_batch(name, wrong, ids, answer_mask, gen(23))[0], noisy)
+        loss = model_loss(model, ids, noisy, weight, answer_mask, norm)
+        assert torch.equal(model_loss(wrong, ids, noisy, weight, answer_mask, norm, mask_id=m), loss), name
+        assert model_loss(wrong, ids, noisy, weight, answer_mask, norm) != loss  # the config's id would differ
+        assert not torch.equal(model_objective(name, wrong, ids, answer_mask, gen(23))[0], noisy)
 
 
 def test_gradient_only_through_second_pass():
     model = tiny_model(4)
     ids, answer_mask = tiny_batch(16)
     for name in ("gift", "gift-elbo", "gift-sw", "nll"):
-        noisy, weight, norm, stats = objective_batch(name, model, ids, answer_mask, gen(17))
-        assert not weight.requires_grad and not any(v.requires_grad for v in stats.values())
+        noisy, weight, norm = model_objective(name, model, ids, answer_mask, gen(17))
+        assert not weight.requires_grad
         assert all(p.grad is None for p in model.parameters())  # the first pass left no graph behind
-        diffusion_loss(model, ids, noisy, weight, answer_mask, norm).backward()
+        model_loss(model, ids, noisy, weight, answer_mask, norm).backward()
         assert all(p.grad is not None for p in model.parameters())
         model.zero_grad(set_to_none=True)
 
@@ -395,21 +395,21 @@ def test_each_objective_trains_and_survives_zero_masked(name):
     model = tiny_model(5)
     ids, answer_mask = tiny_batch(18, B=8, L=16)
     ids = torch.where(answer_mask, 3 + ids % 3, ids)  # answers over 3 tokens: learnable in a few steps
-    ref = entropy_betas(model, ids, answer_mask) if name == "gift-star" else None
+    ref = model_betas(model, ids, answer_mask) if name == "gift-star" else None
 
     def eval_loss():  # the objective itself, averaged over 4 fixed draws
         total = 0.0
         with torch.no_grad():
             for s in range(4):
-                noisy, weight, norm, _ = objective_batch(name, model, ids, answer_mask, gen(1000 + s), ref_betas=ref)
-                total += diffusion_loss(model, ids, noisy, weight, answer_mask, norm).item() / 4
+                noisy, weight, norm = model_objective(name, model, ids, answer_mask, gen(1000 + s), ref_betas=ref)
+                total += model_loss(model, ids, noisy, weight, answer_mask, norm).item() / 4
         return total
 
     before = eval_loss()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for step in range(20):
-        noisy, weight, norm, _ = objective_batch(name, model, ids, answer_mask, gen(step), ref_betas=ref)
-        loss = diffusion_loss(model, ids, noisy, weight, answer_mask, norm)
+        noisy, weight, norm = model_objective(name, model, ids, answer_mask, gen(step), ref_betas=ref)
+        loss = model_loss(model, ids, noisy, weight, answer_mask, norm)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -417,10 +417,10 @@ def test_each_objective_trains_and_survives_zero_masked(name):
 
     # nothing masked (no answer here): a finite 0 that still reaches every parameter, so DDP does not hang
     none = torch.zeros_like(answer_mask)
-    noisy, weight, norm, stats = objective_batch(name, model, ids, none, gen(0),
+    noisy, weight, norm = model_objective(name, model, ids, none, gen(0),
                                                  ref_betas=torch.zeros(ids.shape) if ref is not None else None)
-    assert stats["n_masked"] == 0 and all(torch.isfinite(v).all() for v in stats.values())
-    loss = diffusion_loss(model, ids, noisy, weight, none, norm)
+    assert not (noisy == model.config.mask_token_id).any() and torch.isfinite(weight).all()
+    loss = model_loss(model, ids, noisy, weight, none, norm)
     assert loss.item() == 0 and loss.requires_grad
     model.zero_grad(set_to_none=True)
     loss.backward()
@@ -485,13 +485,13 @@ def test_each_objective_gives_the_hand_computed_p_and_w(name):
     ids, _ = tiny_batch(12, B=3, L=L)
     prompt_lengths = torch.tensor([2, 5, 7])
     answer_mask = torch.arange(L)[None] >= prompt_lengths[:, None]
-    H, nll = answer_entropy_and_nll(model, ids, answer_mask)
+    H, nll = model_entropy_and_nll(model, ids, answer_mask)
     H0 = H.flip(1).roll(3, 1)  # some other model's entropies, for gift-star's cached betas
     ref = torch.where(answer_mask, H0.clamp_min(0).sqrt(), 0.0) if name == "gift-star" else None
     g = gen(77)
     copy = torch.Generator().set_state(g.get_state())
     t, u = torch.rand(3, generator=copy), torch.rand(3, L, generator=copy)  # objective_batch's draws, in order
-    noisy, weight, norm, _ = objective_batch(name, model, ids, answer_mask, g, eps=eps, ref_betas=ref)
+    noisy, weight, norm = model_objective(name, model, ids, answer_mask, g, eps=eps, ref_betas=ref)
     P, W = hand_p_and_w(name, t, u, H, nll, H0, prompt_lengths, L, eps)
     masked = noisy == model.config.mask_token_id
     assert torch.equal(masked, u.double() < P)  # the mask is Bernoulli(p_i) with these draws, never the prompt

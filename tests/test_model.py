@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import shared_path, tiny_config, tiny_model
+from conftest import GOLDEN, tiny_config, tiny_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -15,8 +15,8 @@ from model import (LLaDA, LLaDAConfig, LoRALinear, add_lora, load_adapter, lora_
 
 @pytest.fixture(scope="module")
 def golden():
-    model = LLaDA.from_pretrained(shared_path("golden", "tiny_llada_mha"))
-    return model, load_file(shared_path("golden", "golden_forward.safetensors"))
+    model = LLaDA.from_pretrained(GOLDEN / "tiny_llada_mha")
+    return model, load_file(GOLDEN / "golden_forward.safetensors")
 
 
 # -----------------------------------------------------------------------------
@@ -92,7 +92,7 @@ def test_round_trip_and_sharded(tmp_path):
 
 
 def test_config_round_trip_keeps_unknown_fields_and_refuses_unsupported(tmp_path):
-    src = shared_path("golden", "tiny_llada_mha", "config.json")
+    src = GOLDEN / "tiny_llada_mha" / "config.json"
     cfg = LLaDAConfig.from_json(src)
     cfg.to_json(tmp_path / "config.json")
     assert json.loads((tmp_path / "config.json").read_text()) == json.loads(src.read_text())
@@ -125,7 +125,7 @@ def test_bad_checkpoints_name_the_key(tmp_path):
 
 
 def test_from_pretrained_dtype():
-    model = LLaDA.from_pretrained(shared_path("golden", "tiny_llada_mha"), dtype=torch.bfloat16)
+    model = LLaDA.from_pretrained(GOLDEN / "tiny_llada_mha", dtype=torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     assert not any(p.is_meta for p in model.parameters())
 

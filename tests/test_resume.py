@@ -17,7 +17,8 @@ from conftest import REPO, ROWS, final_weights, latest, metrics, train_args, wri
 
 import gift
 from data import collate, epoch_order, load_dataset, load_tokenizer, rank_micro_batches, step_batches
-from gift import entropy_betas, main
+from gift import first_pass_betas, main
+from on_model import model_betas, model_loss, model_objective
 from model import LLaDA
 
 # 12 examples, global batch 4: 3 steps per epoch, 3 epochs = 9 steps; dropout on, so resume must restore the RNG
@@ -332,8 +333,8 @@ def test_gift_star_cache_is_the_initial_models_and_keyed_by_fingerprints(base, t
     initial = LLaDA.from_pretrained(base / "model")
 
     def expected(length):
-        ids, prompt_lengths = collate(examples, initial.config.pad_token_id, pad_to=length)
-        return entropy_betas(initial, ids, torch.arange(length)[None] >= prompt_lengths[:, None])
+        ids, answer_mask = collate(examples, initial.config.pad_token_id, pad_to=length)
+        return first_pass_betas(initial, "entropy", ids, answer_mask, initial.config.mask_token_id)
 
     betas = torch.load(out / "ref_betas.pt")["betas"]
     torch.testing.assert_close(betas, expected(betas.shape[1]), rtol=1e-5, atol=1e-6)
@@ -374,7 +375,7 @@ def test_metrics_are_strict_json_and_pool_betas_over_micro_batches():
 
 def test_train_step_counts_every_micro_batch(base):
     """The step's statistics sum over all micro-batches (and ranks): rows, masked and answer tokens, and the betas of
-    the entropy pass, checked against objective_batch and entropy_betas run on their own."""
+    the entropy pass, checked against the first pass and objective_batch run on their own."""
     model = LLaDA.from_pretrained(base / "model")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     examples, _ = load_dataset(base / "data.jsonl", load_tokenizer(base / "model"))
@@ -383,10 +384,10 @@ def test_train_step_counts_every_micro_batch(base):
     assert [len(b.input_ids) for b in batches] == [3, 2, 2]
     expected = dict(n_rows=7.0, n_masked=0.0, n_answer=0.0, beta_sum=0.0, beta_n=0.0)
     for b in batches:
-        noisy, _, _, stats = gift.objective_batch("gift", model, b.input_ids, b.answer_mask,
-                                                  [torch.Generator().set_state(g.get_state()) for g in b.generators])
-        beta = entropy_betas(model, b.input_ids, b.answer_mask)
-        expected["n_masked"] += float(stats["n_masked"])
+        noisy, _, _ = model_objective("gift", model, b.input_ids, b.answer_mask,
+                                      [torch.Generator().set_state(g.get_state()) for g in b.generators])
+        beta = model_betas(model, b.input_ids, b.answer_mask)
+        expected["n_masked"] += float(((noisy == model.config.mask_token_id) & b.answer_mask).sum())
         expected["n_answer"] += float(b.answer_mask.sum())
         expected["beta_n"] += float(b.answer_mask.sum())
         expected["beta_sum"] += float(beta[b.answer_mask].double().sum())
@@ -420,8 +421,8 @@ def test_a_step_over_micro_batches_is_the_loss_of_the_whole_batch(base, loss_nam
     answer_mask = torch.cat([b.answer_mask for b in batches])
     generators = [torch.Generator().set_state(g.get_state()) for b in batches for g in b.generators]
     model = LLaDA.from_pretrained(base / "model")
-    noisy, weight, norm, _ = gift.objective_batch(loss_name, model, ids, answer_mask, generators)
-    whole = gift.diffusion_loss(model, ids, noisy, weight, answer_mask, norm=norm)
+    noisy, weight, norm = model_objective(loss_name, model, ids, answer_mask, generators)
+    whole = model_loss(model, ids, noisy, weight, answer_mask, norm=norm)
     whole.backward()
     grad_norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
     model = LLaDA.from_pretrained(base / "model")
