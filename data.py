@@ -205,6 +205,36 @@ def _unreadable(tokenizer, text, encoding, unk):
     return None
 
 
+def unencodable_characters(tokenizer, text):
+    """The distinct characters of `text` (outside its special tokens, in order of appearance) that the tokenizer has
+    no faithful token for: encoding them alone raises (a vocabulary without an unknown token, as the embedded task's
+    character-level one) or gives the unknown token. [] for LLaDA's byte-level BPE, which encodes any text."""
+    unk_token, unk_id = _unknown_token(tokenizer)
+    added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len, reverse=True)
+    plain = re.sub("|".join(map(re.escape, added)), "", text) if added else text
+    bad = []
+    for ch in dict.fromkeys(plain):
+        try:
+            ids = tokenizer.encode(ch, add_special_tokens=False).ids
+        except Exception:
+            ids = None
+        if ids is None or (unk_id is not None and unk_id in ids and ch != unk_token):
+            bad.append(ch)
+    return bad
+
+
+def encode_text(tokenizer, text, what="the prompt"):
+    """encode(), refusing text the tokenizer cannot encode faithfully with a one-line ValueError that names the
+    characters (and, for a small vocabulary such as the embedded task's, the alphabet the model can read)."""
+    bad = unencodable_characters(tokenizer, text)
+    if not bad:
+        return encode(tokenizer, text)
+    names = ", ".join(f"{ch!r} (U+{ord(ch):04X})" for ch in bad)
+    alphabet = [t for t, _ in sorted(tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])]
+    hint = f"; this model reads only {''.join(alphabet)!r}" if len(alphabet) <= 256 else ""
+    raise ValueError(f"{what} has characters this model's tokenizer cannot encode: {names}{hint}")
+
+
 def encode_pairs(tokenizer, pairs):
     """[(messages, answer)] -> per pair (ids, prompt_len), or a BadRow when the tokenizer cannot encode its text (a
     character outside its vocabulary: it raises, or gives its unknown token). See encode_examples."""

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data import chat_prompt, check_mask_token, encode, load_tokenizer
+from data import chat_prompt, check_mask_token, encode, load_tokenizer, unencodable_characters
 from sample import generate, generate_cached
 
 # -----------------------------------------------------------------------------
@@ -702,10 +702,12 @@ def append_records(path, records, settings):
 def main(argv=None):
     p = argparse.ArgumentParser(description="Evaluate a LLaDA checkpoint with the d1 / wd1 protocol "
                                             "(torchrun --nproc_per_node N eval.py ... for several GPUs).")
-    p.add_argument("--model", required=True, help="checkpoint folder: config.json, model.safetensors, tokenizer.json")
+    p.add_argument("--model", required=True, help="model folder (config.json, safetensors, tokenizer.json), or what "
+                   "gift.py printed: a checkpoint or run folder")
     p.add_argument("--adapter", default=None, help="LoRA adapter folder to load on top (merged before sampling)")
     p.add_argument("--task", required=True, choices=TASKS, help="benchmark (sets the grader and the instruction)")
-    p.add_argument("--data", required=True, help="test file: GSM8K / MATH500 / Countdown JSONL or Sudoku CSV")
+    p.add_argument("--data", default=None, help="test file: GSM8K / MATH500 / Countdown JSONL or Sudoku CSV (default: "
+                   "the test file the model folder's generation_defaults.json names for this task)")
     p.add_argument("--shots", type=int, default=0, help="solved examples put before each question (needs --shot-data)")
     p.add_argument("--shot-data", default=None,
                    help="file in the --data format (a train split, not the test file) to draw the solved examples from")
@@ -714,7 +716,8 @@ def main(argv=None):
     p.add_argument("--gen-length", type=int, default=None, help="tokens to generate (default: 512 Sudoku / "
                                                                   "Countdown, 256 GSM8K / MATH500)")
     p.add_argument("--steps", type=int, default=None, help="sampling steps (default: gen-length / 2)")
-    p.add_argument("--block-length", type=int, default=BLOCK_LENGTH, help="semi-autoregressive block length")
+    p.add_argument("--block-length", type=int, default=None, help=f"semi-autoregressive block length (default "
+                   f"{BLOCK_LENGTH}, or the model folder's)")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call on each rank")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the protocol)")
     p.add_argument("--cache", choices=("none", "prefix", "dual"), default="none",
@@ -724,8 +727,9 @@ def main(argv=None):
     p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                    help="weights dtype (auto: bfloat16 on GPU, float32 on CPU)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N items (a quick check)")
-    p.add_argument("--prompt-style", choices=PROMPT_STYLES, default="d1",
-                   help="d1: instruction + question, then '<reasoning>'; plain: the question alone (embedded task)")
+    p.add_argument("--prompt-style", choices=PROMPT_STYLES, default=None,
+                   help="d1 (the default): instruction + question, then '<reasoning>'; plain: the question alone (the "
+                   "embedded task, whose model folder says so)")
     p.add_argument("--out", default=None, help="summary JSON file; every graded item streams to the same name with "
                                                 ".jsonl as its batch finishes, and rerunning the command continues")
     p.add_argument("--log-every", type=int, default=1, help="batches between progress lines")
@@ -750,6 +754,23 @@ def main(argv=None):
         except OSError as e:
             p.error(f"--out {args.out}: cannot write {records_path} ({e.strerror})")
 
+    from model import LLaDA, find_model, generation_defaults, load_adapter, merge_lora  # the command line's own
+    try:  # the model folder (a run or checkpoint folder finds its model) and its own settings, for its own task
+        folder, adapter = find_model(args.model)
+        defaults = generation_defaults(folder)
+    except (FileNotFoundError, ValueError) as e:
+        p.error(str(e))
+    adapter = args.adapter or adapter
+    defaults = defaults if defaults.get("task") == args.task else {}
+    if args.data is None:
+        if not defaults.get("test_data"):
+            p.error(f"--data: give the {args.task} test file (the model folder names none for this task)")
+        args.data = str(folder / defaults["test_data"])
+    args.prompt_style = args.prompt_style or defaults.get("prompt_style", "d1")
+    args.gen_length = args.gen_length or defaults.get("gen_length")
+    args.block_length = args.block_length or defaults.get("block_length", BLOCK_LENGTH)
+    args.steps = args.steps or defaults.get("steps")
+
     # torchrun sets WORLD_SIZE / LOCAL_RANK; a plain `python eval.py` is one process
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -764,15 +785,23 @@ def main(argv=None):
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank = _dist()[0]
 
-    from model import LLaDA, load_adapter, merge_lora  # only the command line needs the model code
-
-    items = load_benchmark(args.task, args.data)[:args.limit]
-    shot_items = load_benchmark(args.task, args.shot_data) if args.shots else []
+    try:
+        items = load_benchmark(args.task, args.data)[:args.limit]
+        shot_items = load_benchmark(args.task, args.shot_data) if args.shots else []
+    except (OSError, ValueError) as e:  # a missing or malformed test file: one line, before the model loads
+        p.error(str(e))
     gen_length = args.gen_length or GEN_LENGTH[args.task]
     steps = args.steps or gen_length // 2
     cache = None if args.cache == "none" else args.cache
-    settings = dict(task=args.task, model=os.path.abspath(args.model),
-                    adapter=args.adapter and os.path.abspath(args.adapter), data=os.path.abspath(args.data),
+    tokenizer = load_tokenizer(folder)
+    for item in items + shot_items:  # every prompt readable by the model, before it loads
+        bad = unencodable_characters(tokenizer, build_prompt(args.task, item, args.prompt_style, ()))
+        if bad:
+            p.error(f"{args.data}: a {args.prompt_style} prompt has characters this model's tokenizer cannot encode: "
+                    f"{', '.join(map(repr, bad))}" + ("; the embedded Sudoku model reads plain prompts "
+                                                        "(--prompt-style plain)" if args.prompt_style != "plain" else ""))
+    settings = dict(task=args.task, model=os.path.abspath(folder),
+                    adapter=adapter and os.path.abspath(adapter), data=os.path.abspath(args.data),
                     data_sha256=hashlib.sha256(Path(args.data).read_bytes()).hexdigest()[:16],
                     gen_length=gen_length, steps=steps, block_length=args.block_length, batch_size=args.batch_size,
                     shots=args.shots, shot_data=args.shot_data and os.path.abspath(args.shot_data),
@@ -790,12 +819,11 @@ def main(argv=None):
         dist.broadcast_object_list(box, src=0)
         finished = box[0]
 
-    model = LLaDA.from_pretrained(args.model, dtype=dtype, device=device)
-    if args.adapter:
-        load_adapter(model, args.adapter)
+    model = LLaDA.from_pretrained(folder, dtype=dtype, device=device)
+    if adapter:
+        load_adapter(model, adapter)
         merge_lora(model.to(device))  # one weight per layer: faster sampling, same function
     model.eval()
-    tokenizer = load_tokenizer(args.model)
     check_mask_token(tokenizer, model.config)
 
     runs = []

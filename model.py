@@ -659,6 +659,45 @@ def save_adapter(model, path, base_model_name_or_path=""):
         save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
 
 
+GENERATION_DEFAULTS = "generation_defaults.json"  # a model folder's own sampling / evaluation settings (optional)
+
+
+def find_model(path):
+    """What a --model flag names, as (model folder, adapter folder or None): a Hugging Face folder (config.json), a
+    checkpoint of a gift.py run (checkpoints/step-N: its model/, or merged/, or adapter/ on the base folder its
+    adapter_config.json names), or a gift.py run folder (the checkpoint its `latest` file names). FileNotFoundError
+    saying what was looked for otherwise."""
+    p = Path(path)
+    if (p / "latest").is_file() and not (p / "config.json").is_file():
+        p = p / "checkpoints" / (p / "latest").read_text().strip()
+    if (p / "config.json").is_file():
+        return p, None
+    for sub in ("model", "merged"):
+        if (p / sub / "config.json").is_file():
+            return p / sub, None
+    adapter = p / "adapter"
+    if (adapter / "adapter_config.json").is_file():
+        base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+        if (Path(base) / "config.json").is_file():
+            return Path(base), adapter
+        raise FileNotFoundError(f"{adapter} is a LoRA adapter on {base!r}, which is not a model folder here: give "
+                                f"--model BASE_FOLDER --adapter {adapter}")
+    raise FileNotFoundError(f"--model {path}: not a model folder (no config.json), nor a gift.py checkpoint (with "
+                            "model/, merged/ or adapter/) or run folder (with a `latest` file)")
+
+
+def generation_defaults(folder):
+    """The model folder's generation_defaults.json (task, prompt_style, gen_length, block_length, steps, test_data),
+    which a gift.py run writes for the embedded task; {} when there is none."""
+    path = Path(folder) / GENERATION_DEFAULTS
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+
+
 def load_adapter(model, path):
     """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding the LoRA layers if it has none: targets as a
     list or a regex, layers_to_transform / layers_pattern, rank_pattern, alpha_pattern and use_rslora as PEFT reads

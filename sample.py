@@ -307,14 +307,18 @@ def decode_until_stop(tokenizer, ids):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description="Generate with LLaDA's block diffusion sampler.")
-    p.add_argument("--model", required=True, help="checkpoint folder: config.json, model.safetensors, tokenizer.json")
+    p.add_argument("--model", required=True, help="model folder (config.json, safetensors, tokenizer.json), or what "
+                   "gift.py printed: a checkpoint or run folder")
     p.add_argument("--adapter", default=None,
                    help="LoRA adapter folder (adapter_config.json, adapter_model.safetensors)")
     p.add_argument("--prompt", default=None, help="the user message; without it, chat interactively on stdin")
     p.add_argument("--raw", action="store_true", help="complete the prompt text as is, without the chat template")
-    p.add_argument("--gen-length", type=int, default=128, help="tokens to generate")
-    p.add_argument("--steps", type=int, default=None, help="sampling steps in all (default: gen-length)")
-    p.add_argument("--block-length", type=int, default=None, help="block length (default: min(32, gen-length))")
+    p.add_argument("--gen-length", type=int, default=None,
+                   help="tokens to generate (default: the model folder's generation_defaults.json, else 128)")
+    p.add_argument("--steps", type=int, default=None, help="sampling steps in all (default: the model's, else "
+                   "gen-length)")
+    p.add_argument("--block-length", type=int, default=None, help="block length (default: the model's, else "
+                   "min(32, gen-length))")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--cfg-scale", type=float, default=0.0, help="classifier-free guidance scale (0 = off)")
     p.add_argument("--remasking", choices=REMASKING, default="low_confidence", help="remasking strategy")
@@ -334,26 +338,34 @@ def main(argv=None):
         p.error(f"--threshold {args.threshold}: a confidence in [0, 1)")
 
     # only the command line needs the model and tokenizer code; the samplers above need torch (and gift.uniforms)
-    from data import chat_prompt, check_mask_token, encode, load_tokenizer
-    from model import LLaDA, load_adapter
+    from data import chat_prompt, check_mask_token, encode_text, load_tokenizer
+    from model import LLaDA, find_model, generation_defaults, load_adapter
 
+    try:
+        folder, adapter = find_model(args.model)
+        defaults = generation_defaults(folder)  # what the model was trained to answer with (the embedded task's)
+    except (FileNotFoundError, ValueError) as e:
+        p.error(str(e))
+    adapter = args.adapter or adapter
+    gen_length = args.gen_length or defaults.get("gen_length", 128)
+    block_length = args.block_length or defaults.get("block_length") or min(32, gen_length)
+    steps = args.steps or defaults.get("steps") or gen_length
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
-    model = LLaDA.from_pretrained(args.model, dtype=dtype, device=args.device)
-    if args.adapter:
-        load_adapter(model, args.adapter)  # adds LoRA layers (on the model's device) with the adapter's r / alpha
+    model = LLaDA.from_pretrained(folder, dtype=dtype, device=args.device)
+    if adapter:
+        load_adapter(model, adapter)  # adds LoRA layers (on the model's device) with the adapter's r / alpha
     model.eval()  # LoRA dropout off
-    tokenizer = load_tokenizer(args.model)
+    tokenizer = load_tokenizer(folder)
     check_mask_token(tokenizer, model.config)
     generator = torch.Generator(args.device).manual_seed(args.seed)
-    block_length = args.block_length or min(32, args.gen_length)
 
     def reply(text):
-        ids = encode(tokenizer, text)  # the chat text carries its own special tokens; nothing is added
-        if len(ids) + args.gen_length > model.config.max_sequence_length:
-            raise SystemExit(f"sample.py: the prompt of {len(ids)} tokens + --gen-length {args.gen_length} exceed the "
-                             f"model's max_sequence_length {model.config.max_sequence_length}")
+        ids = encode_text(tokenizer, text)  # the chat text carries its own special tokens; nothing is added
+        if len(ids) + gen_length > model.config.max_sequence_length:
+            raise ValueError(f"the prompt of {len(ids)} tokens + --gen-length {gen_length} exceed the model's "
+                             f"max_sequence_length {model.config.max_sequence_length}")
         prompt = torch.tensor([ids], dtype=torch.long, device=args.device)
-        kw = dict(steps=args.steps or args.gen_length, gen_length=args.gen_length, block_length=block_length,
+        kw = dict(steps=steps, gen_length=gen_length, block_length=block_length,
                   temperature=args.temperature, cfg_scale=args.cfg_scale, remasking=args.remasking, generator=generator)
         if args.cache == "none" and args.threshold is None:
             out = generate(model, prompt, **kw)
@@ -363,7 +375,10 @@ def main(argv=None):
         return decode_until_stop(tokenizer, out[0, len(ids):].tolist())
 
     if args.prompt is not None:
-        print(reply(args.prompt if args.raw else chat_prompt([{"role": "user", "content": args.prompt}])))
+        try:
+            print(reply(args.prompt if args.raw else chat_prompt([{"role": "user", "content": args.prompt}])))
+        except ValueError as e:
+            raise SystemExit(f"sample.py: {e}") from None
         return
     messages = []  # interactive multi-turn chat: the whole conversation is the prompt of each turn
     while True:
@@ -371,11 +386,15 @@ def main(argv=None):
             text = input("user> ")
         except EOFError:
             break
-        if args.raw:
-            print(reply(text))
+        try:
+            if args.raw:
+                print(reply(text))
+                continue
+            answer = reply(chat_prompt(messages + [{"role": "user", "content": text}]))
+        except ValueError as e:  # e.g. a character the model cannot read: say so, and ask again
+            print(f"sample.py: {e}")
             continue
         messages.append({"role": "user", "content": text})
-        answer = reply(chat_prompt(messages))
         messages.append({"role": "assistant", "content": answer})
         print(f"assistant> {answer}")
 

@@ -183,8 +183,9 @@ def bench_sudoku(model_dir, a, device, dtype):
     tokenizer = load_tokenizer(model_dir)
     rows, exact = [], None
     for mode, cache, threshold in FAST_MODES:
-        (acc, records), t = timed(lambda: evaluate(model, tokenizer, items, "sudoku", prompt_style="plain",
-                                                   cache=cache, threshold=threshold, **gift.EMBEDDED_EVAL),
+        (acc, records), t = timed(lambda: evaluate(model, tokenizer, items, "sudoku", cache=cache, threshold=threshold,
+                                                   batch_size=64, **{k: gift.EMBEDDED_EVAL[k] for k in (
+                                                       "prompt_style", "gen_length", "block_length", "steps")}),
                                   a.clock, device)
         exact = exact or records
         solved = sum(r["correct_cells"] == r["empty_cells"] for r in records) / len(records)

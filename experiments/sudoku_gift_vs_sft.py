@@ -309,9 +309,9 @@ def binomial_se(p, n):
 def evaluate_heldout(model, tokenizer, heldout, batch_size):
     """Held-out accuracy with eval.evaluate (greedy, the 34-token answer in 34 steps as gift.EMBEDDED_EVAL):
     cell accuracy over blanks (d1's metric) with its binomial SE, and whole-puzzle accuracy."""
-    settings = {**gift.EMBEDDED_EVAL, "batch_size": batch_size}
+    settings = {k: gift.EMBEDDED_EVAL[k] for k in ("prompt_style", "gen_length", "block_length", "steps")}
     t0 = time.time()
-    _, records = evaluate(model, tokenizer, heldout_items(heldout), "sudoku", prompt_style="plain", **settings)
+    _, records = evaluate(model, tokenizer, heldout_items(heldout), "sudoku", batch_size=batch_size, **settings)
     correct = [r["correct_cells"] for r in records]
     empty = [r["empty_cells"] for r in records]
     cell = sum(correct) / sum(empty)

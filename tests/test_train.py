@@ -96,7 +96,7 @@ def test_max_len_is_capped_at_the_models_max_sequence_length(base, tmp_path, cap
     main(args(base, out, "--model", str(short), "--max-len", "1000", "--max-steps", "1"))
     printed = capsys.readouterr().out
     assert "--max-len 1000 exceeds the model's max_sequence_length 56" in printed
-    assert "data: 11 examples" in printed and "'dropped_too_long': 1" in printed
+    assert "data: 11 examples" in printed and "of 12 rows, 1 longer than --max-len" in printed
     assert json.loads((latest(out) / "trainer.json").read_text())["options"]["max_len"] == 56
     main(args(base, out, "--model", str(short), "--max-len", "1000", "--max-steps", "2", "--resume"))
     assert "resumed from" in capsys.readouterr().out

@@ -1,0 +1,83 @@
+"""Sweep of the embedded default's settings (issue 21): each config trains the tiny Sudoku model with gift.main,
+checkpoints every --every steps, then grades every checkpoint on held-out puzzles from unseen grids.
+
+    python experiments/embedded_sweep/tune_embedded.py --configs experiments/embedded_sweep/tune4.json \
+        --out runs/tune --jobs 8 --threads 2   # 8 runs side by side, 2 threads each (16 cores)
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+WORKER = r'''
+import json, sys, time, torch
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+import gift, data
+cfg = json.loads({cfg!r})
+gift.EMBEDDED_MODEL.update(cfg.get("model", {{}}))
+gift.EMBEDDED_PUZZLES.update(cfg.get("puzzles", {{}}))
+if "global_batch" in cfg: gift.EMBEDDED_GLOBAL_BATCH = cfg["global_batch"]
+test_grids = cfg.get("test_grids", 32)
+gift.EMBEDDED_PUZZLES["test_grids"] = test_grids
+def build(seed, eval_puzzles):
+    tok = data.make_char_tokenizer()
+    config = data.tiny_config_for(tok, **gift.EMBEDDED_MODEL)
+    model = gift.LLaDA(config).init_weights(torch.Generator().manual_seed(seed))
+    train, _ = data.sudoku_split(gift.EMBEDDED_PUZZLES["n_train"], 0, tuple(gift.EMBEDDED_PUZZLES["n_blanks"]), seed=seed, test_grids=test_grids)
+    _, held = data.sudoku_split(0, eval_puzzles, 8, seed=seed, test_grids=test_grids)
+    return tok, config, model, data.sudoku_examples(tok, train), held
+gift.build_embedded_task = build
+t0 = time.time()
+model, tok, held, final = gift.train(gift.parse_options(cfg["flags"]))
+t_train = time.time() - t0
+from eval import SUDOKU_QUESTION, evaluate
+items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in held]
+rows = []
+for ck in sorted(Path(cfg["flags"][cfg["flags"].index("--out") + 1]).glob("checkpoints/step-*")):
+    m = gift.LLaDA.from_pretrained(ck / "model")
+    acc, recs = evaluate(m, tok, items, "sudoku", prompt_style="plain", gen_length=34, block_length=34, steps=34, batch_size=64)
+    solved = 100 * sum(r["correct_cells"] == r["empty_cells"] for r in recs) / len(recs)
+    rows.append(dict(step=int(ck.name[5:]), cells=acc, puzzles=solved))
+print("RESULT " + json.dumps(dict(name=cfg["name"], train_s=t_train, evals=rows)), flush=True)
+'''
+
+
+def run(cfg, out, threads):
+    folder = out / cfg["name"]
+    cfg = dict(cfg, flags=cfg["flags"] + ["--out", str(folder), "--overwrite", "--keep-last", "1000",
+                                          "--log-every", "100000"])
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-c", WORKER.format(repo=str(REPO), cfg=json.dumps(cfg))], env=env,
+                       capture_output=True, text=True)
+    line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
+    if line is None:
+        return dict(name=cfg["name"], error=p.stderr[-2000:])
+    return dict(json.loads(line[7:]), wall_s=time.time() - t0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", required=True)
+    ap.add_argument("--out", default="runs/tune")
+    ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    configs = json.loads(Path(a.configs).read_text())
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(a.jobs) as pool, open(out / "results.jsonl", "a") as f:
+        for r in pool.map(lambda c: run(c, out, a.threads), configs):
+            print(json.dumps(r), flush=True)
+            f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()
