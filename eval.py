@@ -14,6 +14,7 @@ Checked against d1's own stored generations of LLaDA-8B-Instruct (tests/test_eva
 import argparse
 import ast
 import csv
+import fcntl
 import hashlib
 import itertools
 import json
@@ -23,6 +24,7 @@ import os
 import random
 import re
 import statistics
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -571,7 +573,7 @@ def item_generator(seed, index, device):
 @torch.no_grad()
 def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_length=BLOCK_LENGTH, batch_size=8,
              prompt_style="d1", shots=(), temperature=0.0, seed=0, log=False, cache=None, threshold=None, done=None,
-             on_batch=None):
+             on_batch=None, cache_refresh=None):
     """Generate an answer for every item and grade it. Returns (accuracy in %, records sorted by item) on rank 0
     and (None, None) on the other ranks; without torch.distributed (or one rank) it is a plain function.
 
@@ -626,9 +628,12 @@ def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_l
         if cache is None and threshold is None:
             out = generate(raw, prompt.to(device), **kw)  # (B, P + gen_length)
         else:
-            out = generate_cached(raw, prompt.to(device), **kw, cache=cache, threshold=threshold)
+            out = generate_cached(raw, prompt.to(device), **kw, cache=cache, threshold=threshold,
+                                  cache_refresh=cache_refresh)
         new = []
         for r, i in enumerate(idx):
+            if i in done:  # a batch partly done before (a rerun with a larger --limit): its old record stays
+                continue
             text = tokenizer.decode(out[r, P:].tolist(), skip_special_tokens=False)
             gold = {key: v for key, v in items[i].items() if key not in ("question", "reasoning")}
             new.append(dict(index=i, seed=seed, question=items[i]["question"], generation=text, **gold,
@@ -638,7 +643,7 @@ def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_l
             dist.gather_object(new, gathered, dst=0)
             new = [r for part in gathered for r in part] if rank == 0 else []
         records += new
-        generated += len(new) * gen_length
+        generated += len(idx) * gen_length
         if rank == 0 and on_batch and new:
             on_batch(new)
         if log and rank == 0:
@@ -724,6 +729,8 @@ def main(argv=None):
                    help="fast sampler: Fast-dLLM's key/value cache (none = the exact sampler, the paper's numbers)")
     p.add_argument("--threshold", type=float, default=None,
                    help="fast sampler: unmask every token more confident than this (parallel decoding; e.g. 0.9)")
+    p.add_argument("--cache-refresh", type=int, default=None,
+                   help="fast sampler: rebuild the --cache every N steps inside a block (default: at its first only)")
     p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                    help="weights dtype (auto: bfloat16 on GPU, float32 on CPU)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N items (a quick check)")
@@ -742,18 +749,12 @@ def main(argv=None):
             p.error(f"--{flag.replace('_', '-')} {value}: must be at least 1")
     if args.threshold is not None and not 0 <= args.threshold < 1:
         p.error(f"--threshold {args.threshold}: a confidence in [0, 1)")
-    out = records_path = None
-    if args.out:  # checked before the model loads
-        out = Path(args.out)
-        if out.is_dir() or out.suffix == ".jsonl":
-            p.error(f"--out {args.out}: name the summary .json file (the records go beside it, in a .jsonl)")
-        records_path = out.with_suffix(".jsonl")
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            open(records_path, "a").close()
-        except OSError as e:
-            p.error(f"--out {args.out}: cannot write {records_path} ({e.strerror})")
-
+    if not args.temperature >= 0:
+        p.error(f"--temperature {args.temperature}: must be 0 (greedy) or more")
+    if args.cache_refresh is not None and (args.cache == "none" or args.cache_refresh < 1):
+        p.error(f"--cache-refresh {args.cache_refresh}: a number of steps >= 1, with --cache prefix or dual")
+    if len(set(args.seeds)) < len(args.seeds):
+        p.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once (the std is over distinct runs)")
     from model import LLaDA, find_model, generation_defaults, load_adapter, merge_lora  # the command line's own
     try:  # the model folder (a run or checkpoint folder finds its model) and its own settings, for its own task
         folder, adapter = find_model(args.model)
@@ -770,6 +771,31 @@ def main(argv=None):
     args.gen_length = args.gen_length or defaults.get("gen_length")
     args.block_length = args.block_length or defaults.get("block_length", BLOCK_LENGTH)
     args.steps = args.steps or defaults.get("steps")
+    gen_length, block_length = args.gen_length or GEN_LENGTH[args.task], args.block_length
+    steps = args.steps or gen_length // 2
+    if gen_length % block_length or steps % (gen_length // block_length):
+        p.error(f"--gen-length {gen_length} must be a multiple of --block-length {block_length}, and --steps {steps} "
+                f"a multiple of the number of blocks {gen_length // max(block_length, 1)}")
+
+    out = records_path = None
+    if args.out:  # checked before the model loads
+        out = Path(args.out)
+        if out.is_dir() or out.suffix == ".jsonl":
+            p.error(f"--out {args.out}: name the summary .json file (the records go beside it, in a .jsonl)")
+        records_path = out.with_suffix(".jsonl")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            open(records_path, "a").close()
+        except OSError as e:
+            p.error(f"--out {args.out}: cannot write {records_path} ({e.strerror})")
+        if int(os.environ.get("RANK", "0")) == 0:  # one eval per output file, as gift.py's one run per folder
+            lock = open(records_path.with_suffix(".lock"), "a")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until the process ends, however it ends
+            except BlockingIOError:
+                p.error(f"--out {args.out}: another eval.py is writing {records_path}; wait for it, or use another --out")
+            except OSError:
+                pass  # a file system without locks: unprotected, as before
 
     # torchrun sets WORLD_SIZE / LOCAL_RANK; a plain `python eval.py` is one process
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -807,6 +833,8 @@ def main(argv=None):
                     shots=args.shots, shot_data=args.shot_data and os.path.abspath(args.shot_data),
                     prompt_style=args.prompt_style, temperature=args.temperature, cache=cache,
                     threshold=args.threshold, dtype=str(dtype).replace("torch.", ""))
+    if args.cache_refresh:  # a setting of its own only when used: files of earlier runs keep resuming
+        settings["cache_refresh"] = args.cache_refresh
     finished = {}
     if records_path and rank == 0:
         finished = read_records(records_path, settings)
@@ -831,14 +859,15 @@ def main(argv=None):
         if rank == 0:
             print(f"{args.task}: {len(items)} items, seed {seed}, gen_length {gen_length}, steps {steps}, "
                   f"block {args.block_length}, {args.shots}-shot, {args.prompt_style} prompts, sampler "
-                  f"{'exact' if cache is None and args.threshold is None else f'cache {args.cache}, threshold {args.threshold}'}",
+                  f"{'exact' if cache is None and args.threshold is None else f'cache {args.cache}, threshold {args.threshold}'}"
+                  f"{f', cache refresh every {args.cache_refresh} steps' if args.cache_refresh else ''}",
                   flush=True)
         done = {i: r for (s, i), r in finished.items() if s == seed and i < len(items)}
         acc, records = evaluate(model, tokenizer, items, args.task, gen_length=gen_length, steps=steps,
                                 block_length=args.block_length, batch_size=args.batch_size,
                                 prompt_style=args.prompt_style, shots=pick_shots(shot_items, args.shots, seed),
                                 temperature=args.temperature, seed=seed, log=True, cache=cache,
-                                threshold=args.threshold, done=done,
+                                threshold=args.threshold, done=done, cache_refresh=args.cache_refresh,
                                 on_batch=(lambda new: append_records(records_path, new, settings)) if records_path
                                 else None)
         if rank == 0:
@@ -863,4 +892,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, OSError) as e:  # a user's mistake (a file, a folder, a data row, a prompt): one line
+        print(f"eval.py: error: {e}", file=sys.stderr)
+        sys.exit(1)

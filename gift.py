@@ -8,7 +8,7 @@ The file reads in three parts:
             objectives, the one loss (Algorithm 2). Tensors in, tensors out; only math and torch: copy it next to
             any LLaDA (ours, or the official Hugging Face one: hidden states of `output_hidden_states=True` and its
             `ff_out` head).
-  Part II   Training: the options (`python gift.py --help`), one optimizer step (`train_step`), the loop (`train`).
+  Part II   Training: the options (`python gift.py --help`), one optimizer step (`train_step`), the loop (`train_loop`).
   Part III  Long-job machinery, not needed to understand GIFT: fingerprints, the output folder's lock, preemption,
             checkpoints, the GIFT* cache, the beta cache, distributed helpers; then `main()`.
 
@@ -441,8 +441,20 @@ def check_options(opts, error):
     for name in ("max_steps", "save_every"):
         if getattr(opts, name) < 0:
             error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be 0 (off) or more")
-    if opts.lr < 0:
+    if not opts.lr >= 0:  # NaN fails too
         error(f"--lr {opts.lr}: must be positive")
+    for name, low, high in (("beta_power", 0, math.inf), ("lora_dropout", 0, 1), ("weight_decay", 0, math.inf),
+                            ("grad_clip", 0, math.inf), ("lora_alpha", 0, math.inf)):
+        value = getattr(opts, name)  # a finite number in [low, high); beta_power and lora_alpha above 0
+        if not (low <= value < high) or (value == 0 and name in ("beta_power", "lora_alpha")):
+            what = {"beta_power": "a positive number (beta_i = H_i^power)", "lora_dropout": "in [0, 1)",
+                    "weight_decay": "0 or more", "grad_clip": "0 (off) or a finite positive norm",
+                    "lora_alpha": "a positive number (the adapters' scale is alpha / r; 0 trains nothing)"}[name]
+            error(f"--{name.replace('_', '-')} {value}: must be {what}")
+    if opts.warmup_steps < 0:
+        error(f"--warmup-steps {opts.warmup_steps}: must be 0 (none) or more")
+    if opts.max_len < 2:
+        error(f"--max-len {opts.max_len}: must be at least 2 (a prompt token and an answer token)")
     if opts.lr == 0:
         print("warning: --lr 0: the weights will not change", file=sys.stderr)
     if not 0 <= opts.eps < 1:
@@ -457,6 +469,13 @@ def check_options(opts, error):
         error("--resume continues the run in --out, --overwrite deletes it: choose one")
     if opts.model and not opts.data:
         error("--model needs --data (a JSONL file)")
+    if opts.data and Path(opts.data).is_dir():
+        error(f"--data {opts.data}: a folder; give the JSONL file")
+    out = Path(opts.out)
+    if out.exists() and not out.is_dir() or out.resolve() == Path(out.anchor):
+        error(f"--out {opts.out}: must be a folder of its own (it is {'the root' if out.is_dir() else 'a file'})")
+    if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
+        error(f"--out {opts.out}: this user cannot write there")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -594,7 +613,7 @@ def train_loop(opts, preemption):
     # the model, the tokenizer and the data (every rank builds the same); refuse to resume with other ones early
     task = load_task(opts, rank, dtype)
     if candidates:
-        check_resumable(out / "checkpoints" / candidates[0], opts, world, task.fingerprints)
+        check_resumable(out / "checkpoints" / candidates[0], opts, world, task)
     lora = (dict(r=opts.lora_r, alpha=opts.lora_alpha, dropout=opts.lora_dropout,
                  targets=tuple(opts.lora_targets.split(","))) if opts.lora else None)
     model = wrap_model(task.model, device, dtype, world, lora, opts.activation_checkpointing, opts.seed)
@@ -622,7 +641,7 @@ def train_loop(opts, preemption):
 
     # resume: the model, the optimizer, the schedule, the RNG states and the beta cache, or a fresh start
     torch.manual_seed(opts.seed * 1000 + rank)  # LoRA dropout draws from each rank's global generator
-    state, window = resume(candidates, out, model, optimizer, scheduler, beta_cache, opts, world, task.fingerprints)
+    state, window = resume(candidates, out, model, optimizer, scheduler, beta_cache, opts, world, task, total_steps)
     metrics = open(out / "metrics.jsonl", "a") if rank == 0 else None
     first_step, t_attempt, t_last = state.step, time.time(), time.time()
     batches, batches_epoch = [], None
@@ -715,6 +734,7 @@ class Task:
     fingerprints: dict  # of the data and the base model: --resume refuses others
     export: "Export"  # what each checkpoint exports besides its training state
     heldout: list = None  # the embedded task's held-out (puzzle, solution) pairs
+    resolved: dict = None  # what "auto" options resolved to (dtype, data_format): --resume compares these
 
 
 def load_task(opts, rank, dtype):
@@ -735,27 +755,30 @@ def load_task(opts, rank, dtype):
                f"({files[2]})")
         export = Export(dtype=save_dtype(opts, torch.float32), files=files, base_name="embedded")
         fingerprints = dict(data=data_fingerprint(examples), examples=len(examples), model=tensors_fingerprint(model))
-        return Task(model, tokenizer, examples, special_ids(tokenizer, config).pad, fingerprints, export, heldout)
+        return Task(model, tokenizer, examples, special_ids(tokenizer, config).pad, fingerprints, export, heldout,
+                    dict(dtype=str(dtype).removeprefix("torch."), data_format="auto"))
     tokenizer = load_tokenizer(opts.model)
+    config = LLaDAConfig.from_json(Path(opts.model) / "config.json")
+    if opts.max_len > config.max_sequence_length:  # longer than the base was trained on
+        print0(f"warning: --max-len {opts.max_len} exceeds the model's max_sequence_length "
+               f"{config.max_sequence_length} ({Path(opts.model) / 'config.json'}); using "
+               f"--max-len {config.max_sequence_length}")
+        opts.max_len = config.max_sequence_length
+    examples, stats = load_dataset(opts.data, tokenizer, fmt=opts.data_format, max_len=opts.max_len,
+                                   skip_bad_rows=opts.skip_bad_rows)  # before the model: a bad row fails in seconds
+    print0(describe_data(stats))
     if opts.lora:
         model = LLaDA.from_pretrained(opts.model, dtype=dtype)
     else:
         with torch.device("meta"):
-            model = LLaDA(LLaDAConfig.from_json(Path(opts.model) / "config.json"))
-    if opts.max_len > model.config.max_sequence_length:  # longer than the base was trained on
-        print0(f"warning: --max-len {opts.max_len} exceeds the model's max_sequence_length "
-               f"{model.config.max_sequence_length} ({Path(opts.model) / 'config.json'}); using "
-               f"--max-len {model.config.max_sequence_length}")
-        opts.max_len = model.config.max_sequence_length
-    examples, stats = load_dataset(opts.data, tokenizer, fmt=opts.data_format, max_len=opts.max_len,
-                                   skip_bad_rows=opts.skip_bad_rows)
-    print0(describe_data(stats))
+            model = LLaDA(config)
     files = [f for f in Path(opts.model).iterdir() if f.is_file() and not f.name.endswith(".safetensors")
              and f.name not in ("config.json", "model.safetensors.index.json")]
     export = Export(dtype=save_dtype(opts, stored_dtype(opts.model)), files=files, base_name=opts.model,
                     merged=opts.save_merged)
     fingerprints = dict(data=data_fingerprint(examples), examples=len(examples), model=folder_fingerprint(opts.model))
-    return Task(model, tokenizer, examples, special_ids(tokenizer, model.config).pad, fingerprints, export)
+    return Task(model, tokenizer, examples, special_ids(tokenizer, model.config).pad, fingerprints, export,
+                resolved=dict(dtype=str(dtype).removeprefix("torch."), data_format=stats["format"]))
 
 
 def save_dtype(opts, base_dtype):
@@ -805,6 +828,7 @@ def evaluate_embedded(heldout, checkpoint, seed, device):
 import array
 import fcntl
 import hashlib
+import re
 import shutil
 import socket
 import subprocess
@@ -812,10 +836,16 @@ import threading
 import warnings
 
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
 from model import merged_state_dict, save_adapter, weight_files
+
+class RunError(RuntimeError):
+    """A run that cannot go on for a reason the user can fix (a folder in use, no usable checkpoint, a diverged run):
+    `python gift.py` prints its message in one line, with no traceback."""
+
 
 # options that may change between a run and its resumption (the data and the base model may move: their content is
 # checked by fingerprint)
@@ -1038,10 +1068,13 @@ def gift_star_betas(model, examples, path, pad_id, length, batch_size, device, k
     (the fingerprints of the data and the base model, beta_power, length): a resumed run reads them back, a run on
     other data or another base recomputes them. (len(examples), length) float32 on the CPU."""
     if path.exists():
-        cache = torch.load(path)
-        if cache.get("key") == key:
-            return cache["betas"]
-        print0(f"{path}: computed for other data, another base model or other settings; recomputing")
+        try:
+            cache = torch.load(path)
+            if cache.get("key") == key and cache["betas"].shape == (len(examples), length):
+                return cache["betas"]
+            print0(f"{path}: computed for other data, another base model or other settings; recomputing")
+        except Exception as e:  # a damaged file: the betas are recomputed from the initial model, which is still here
+            print0(f"{path} is unreadable ({type(e).__name__}: {e}); recomputing it")
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     mine = list(range(rank, len(examples), world))
     padded = mine + [0] * (math.ceil(len(examples) / world) - len(mine))  # equal batches: FSDP2's forward is collective
@@ -1140,7 +1173,7 @@ def lock_folder(out):
         lock.seek(0)
         holder = lock.read().strip() or "another process"
         lock.close()
-        raise RuntimeError(f"{out} is in use by a running job ({holder}): one run per output folder; wait for it "
+        raise RunError(f"{out} is in use by a running job ({holder}): one run per output folder; wait for it "
                            "to end, or choose another --out") from None
     except OSError as e:  # a file system without locks (some network mounts): go on, unprotected
         print(f"warning: cannot lock {out / '.lock'} ({e}); make sure no other run writes into {out}")
@@ -1156,11 +1189,15 @@ def claim_output_folder(out, resume, overwrite):
     `overwrite`, which deletes it), and remove the .tmp folders of interrupted saves. Returns the lock."""
     lock = lock_folder(out)
     try:
-        existing = [name for name in RUN_FILES if (out / name).exists()]
+        existing = [name for name in RUN_FILES if (out / name).exists() or (out / name).is_symlink()]
         if existing and not resume:
             if not overwrite:
                 raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}): continue it with --resume, "
                                       "start over with --overwrite (deletes it), or choose another --out")
+            foreign = not_ours(out)
+            if foreign:
+                raise FileExistsError(f"--overwrite: {out} holds what no gift.py run wrote ({', '.join(foreign)}); "
+                                      "nothing was deleted: move those away, or choose another --out")
             print(f"--overwrite: deleting the run in {out} ({', '.join(existing)})")
             for name in existing:
                 shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
@@ -1171,6 +1208,23 @@ def claim_output_folder(out, resume, overwrite):
         lock.close()
         raise
     return lock
+
+
+def not_ours(out):
+    """What --overwrite would delete in `out` that a gift.py run did not write: anything in checkpoints/ other than
+    step-N folders (and their .tmp), a symbolic link, a `latest` or metrics.jsonl that is not ours."""
+    foreign = [str(out / name) for name in RUN_FILES if (out / name).is_symlink()]
+    if (out / "checkpoints").is_dir() and not (out / "checkpoints").is_symlink():
+        foreign += [str(p) for p in (out / "checkpoints").iterdir()
+                    if p.is_symlink() or not p.is_dir() or not re.fullmatch(r"step-\d{7}(\.tmp)?", p.name)]
+    if (out / "latest").is_file() and not re.fullmatch(r"step-\d{7}\n?", (out / "latest").read_text()[:64]):
+        foreign.append(str(out / "latest"))
+    if (out / "metrics.jsonl").is_file():
+        with open(out / "metrics.jsonl", "rb") as f:
+            first = f.readline()
+        if first and not first.startswith(b'{"step": '):
+            foreign.append(str(out / "metrics.jsonl"))
+    return foreign
 
 
 class Preemption:
@@ -1217,6 +1271,7 @@ class TrainState:
     elapsed_s: float = 0.0  # training time, summed over every attempt
     tokens_seen: int = 0  # padded tokens of every step so far
     checkpoints: list = field(default_factory=list)  # this run's checkpoints, oldest first: rotation deletes these only
+    total_steps: int = 0  # the run's length (and its learning-rate schedule's) when this state was saved
 
     def advance(self, result, steps_in_epoch, max_bad_steps, out):
         """Count the step train_step just took (`result`); returns whether it ended its epoch. Stops the run after
@@ -1233,7 +1288,7 @@ class TrainState:
             print0(f"step {self.step}: non-finite loss {result['loss']} or grad norm {result['grad_norm']}, "
                    f"update skipped ({self.bad_in_row} in a row)")
             if self.bad_in_row >= max_bad_steps:
-                raise RuntimeError(f"{max_bad_steps} non-finite steps in a row, the last at step {self.step}; "
+                raise RunError(f"{max_bad_steps} non-finite steps in a row, the last at step {self.step}; "
                                    f"stopping (last good checkpoint in {out / 'latest'})")
         return epoch_done
 
@@ -1270,6 +1325,17 @@ def save_checkpoint(model, optimizer, folder, trainer, loop_state, lora, export)
     merged model; full: a Hugging Face folder), the sharded training state, trainer.json (`trainer`) and
     loop_state.pt, written to <folder>.tmp and renamed to `folder` when complete; then <out>/latest names it."""
     tmp = folder.with_name(folder.name + ".tmp")
+    try:
+        write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, export)
+    except (OSError, CheckpointException) as e:  # disk full, file too large, no permission: say where, free the space
+        if is_rank0():
+            shutil.rmtree(tmp, ignore_errors=True)
+        why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1][:300]
+        raise OSError(getattr(e, "errno", None), f"cannot write the checkpoint {tmp} ({why}); its partial files are "
+                                                 "removed; resume with --resume once there is room") from e
+
+
+def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, export):
     if is_rank0():
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -1306,13 +1372,16 @@ def save_and_rotate(model, optimizer, scheduler, state, window, beta_cache, opts
     rng = gather_objects({"cpu": torch.get_rng_state(),
                           "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
     trainer = dict(state=dataclasses.asdict(state), options=dataclasses.asdict(opts), world_size=world,
-                   fingerprints=task.fingerprints)
+                   fingerprints=task.fingerprints, resolved=task.resolved)
     loop_state = dict(rng=rng, scheduler=scheduler.state_dict(), log_window=window,
                       beta_cache=beta_cache.state_dict() if beta_cache else None)
     save_checkpoint(model, optimizer, out / "checkpoints" / name, trainer, loop_state, opts.lora, task.export)
     if is_rank0():
-        for old in ours[:-opts.keep_last]:
-            shutil.rmtree(out / "checkpoints" / old, ignore_errors=True)
+        for old in ours[:-opts.keep_last]:  # renamed first: a kill in mid-delete leaves a .tmp that start-up removes
+            doomed = out / "checkpoints" / (old + ".tmp")
+            if (out / "checkpoints" / old).exists():
+                os.replace(out / "checkpoints" / old, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
 
 
 def checkpoint_problem(ckpt):
@@ -1354,25 +1423,29 @@ def resume_candidates(out):
         else:
             good.append(ckpt.name)
     if not good and folders:
-        raise RuntimeError(f"--resume: no usable checkpoint in {out / 'checkpoints'}: " + "; ".join(notes)
+        raise RunError(f"--resume: no usable checkpoint in {out / 'checkpoints'}: " + "; ".join(notes)
                            + ". Restore one, or start over with --overwrite")
     if good and notes:
         print("--resume: " + "; ".join(notes) + f"; using {good[0]}")
     return good
 
 
-def check_resumable(ckpt, opts, world, fingerprints):
+def check_resumable(ckpt, opts, world, task):
     """Refuse to continue checkpoint `ckpt` with other options, another number of processes, other data or another
-    base model, saying what changed."""
+    base model, saying what changed. An "auto" option and the value it resolved to are the same option."""
+    fingerprints = task.fingerprints
     meta = json.loads((ckpt / "trainer.json").read_text())
     if meta["world_size"] != world:  # first: with the embedded task --batch-size derives from it
         then = meta["world_size"]
         command = "python gift.py" if then == 1 else f"torchrun --nproc_per_node {then} gift.py"
         raise ValueError(f"--resume: {ckpt} was written by {then} process{'es' if then > 1 else ''}, this is {world}: "
                          f"resume with the same number (`{command} ... --resume`); each rank's random state is saved")
-    saved = meta["options"]
-    differ = {k: (saved.get(k), v) for k, v in dataclasses.asdict(opts).items()
-              if k not in RESUMABLE_CHANGES and saved.get(k) != v}
+    saved, then_resolved, now_resolved = meta["options"], meta.get("resolved") or {}, task.resolved or {}
+
+    def resolve(name, value, resolved):  # "auto" stands for what it resolved to (dtype auto = float32 on the CPU)
+        return resolved.get(name, value) if value == "auto" else value
+    differ = {k: (saved.get(k), v) for k, v in dataclasses.asdict(opts).items() if k not in RESUMABLE_CHANGES
+              and resolve(k, saved.get(k), then_resolved) != resolve(k, v, now_resolved)}
     if differ:
         raise ValueError(f"--resume: {ckpt} was written with different options (saved, now): {differ}")
     then = meta["fingerprints"]
@@ -1402,21 +1475,24 @@ def load_checkpoint(model, optimizer, scheduler, ckpt, lora):
     return loop_state
 
 
-def resume(candidates, out, model, optimizer, scheduler, beta_cache, opts, world, fingerprints):
+def resume(candidates, out, model, optimizer, scheduler, beta_cache, opts, world, task, total_steps):
     """--resume: load the first candidate checkpoint that loads (a damaged one is skipped, saying why): the model,
     the optimizer, the schedule, the beta cache and this rank's RNG states. Returns (TrainState, the train_step
-    results not yet logged); a fresh (TrainState(), []) when there is none. Trims metrics.jsonl to the step."""
+    results not yet logged); a fresh (TrainState(), []) when there is none. Trims metrics.jsonl to the step.
+    A run resumed with another length (--epochs or --max-steps changed) keeps its steps and stretches its learning-rate
+    schedule to the new length, as if it had been planned with it from the start; it says so."""
     state, window = TrainState(), []
     rank = dist.get_rank() if dist.is_initialized() else 0
     for i, name in enumerate(candidates):
         ckpt = out / "checkpoints" / name
-        meta = check_resumable(ckpt, opts, world, fingerprints)
+        meta = check_resumable(ckpt, opts, world, task)
         try:
             loop_state = load_checkpoint(model, optimizer, scheduler, ckpt, opts.lora)
-        except Exception as e:  # a damaged file the checks could not see
+        except (Exception, CheckpointException) as e:  # a damaged file the checks could not see (DCP's is a
+            # BaseException)
             print0(f"--resume: cannot load {ckpt} ({type(e).__name__}: {e})")
             if i + 1 == len(candidates):
-                raise RuntimeError(f"--resume: no checkpoint in {out / 'checkpoints'} loads; start over with "
+                raise RunError(f"--resume: no checkpoint in {out / 'checkpoints'} loads; start over with "
                                    "--overwrite") from e
             continue
         state, window = TrainState(**meta["state"]), loop_state["log_window"]
@@ -1427,11 +1503,19 @@ def resume(candidates, out, model, optimizer, scheduler, beta_cache, opts, world
             torch.cuda.set_rng_state(loop_state["rng"][rank]["cuda"], next(model.parameters()).device)
         on_rank0(lambda: atomic_write_text(out / "latest", name + "\n"))  # it may have named a damaged one
         print0(f"resumed from {ckpt}: step {state.step} (epoch {state.epoch}, step {state.step_in_epoch} in it)")
+        if state.total_steps not in (0, total_steps):
+            lr = opts.lr * lr_lambda(opts.schedule, opts.warmup_steps, total_steps)(state.step)
+            for group in optimizer.param_groups:  # the next step's, from the stretched schedule
+                group["lr"] = lr
+            print0(f"--resume: the run now has {total_steps} steps, it had {state.total_steps} (--epochs / --max-steps "
+                   f"changed): the {opts.schedule} learning-rate schedule is stretched to {total_steps} steps, as if "
+                   f"planned so; step {state.step + 1} runs at lr {lr:.3g}")
         break
     if opts.resume and not state.checkpoints:
         print0(f"--resume: no checkpoint in {out} yet; starting at step 0")
     if opts.resume:
         on_rank0(lambda: truncate_metrics(out / "metrics.jsonl", state.step))
+    state.total_steps = total_steps
     return state, window
 
 
@@ -1533,16 +1617,38 @@ def write_results(out, opts, results, folder, train_s, total_s, puzzle):
 
 
 def train(opts):
-    """train_loop with the output folder claimed (rank 0 locks it for the run's life) and the preemption signals
-    caught. Returns what train_loop returns."""
+    """train_loop with the output folder claimed (rank 0 locks it for the run's life), the preemption signals caught,
+    and the run's state kept in <out>/status.json for a requeue script: running, then done, preempted (resume it) or
+    failed, with the last checkpoint. Returns what train_loop returns."""
     setup_distributed()
-    lock = on_rank0(lambda: claim_output_folder(Path(opts.out), opts.resume, opts.overwrite))
+    out = Path(opts.out)
+    lock = on_rank0(lambda: claim_output_folder(out, opts.resume, opts.overwrite))
     try:
+        on_rank0(lambda: write_status(out, "running"))
         with Preemption() as preemption:
-            return train_loop(opts, preemption)
+            result = train_loop(opts, preemption)
+        on_rank0(lambda: write_status(out, "done"))
+        return result
+    except SystemExit as e:  # train_loop's exit after a preemption checkpoint (128 + the signal)
+        if is_rank0():
+            write_status(out, "preempted" if isinstance(e.code, int) and e.code > 128 else "failed", exit_code=e.code)
+        raise
+    except BaseException as e:
+        if is_rank0():
+            write_status(out, "failed", error=f"{type(e).__name__}: {e}")
+        raise
     finally:
         if lock is not None:
             lock.close()  # releases the flock
+
+
+def write_status(out, state, **extra):
+    """<out>/status.json: {"state": running | done | preempted | failed, "checkpoint": the latest, "step": its step}."""
+    latest = (out / "latest").read_text().strip() if (out / "latest").is_file() else None
+    status = dict(state=state, checkpoint=latest and str(out / "checkpoints" / latest),
+                  step=int(latest[5:]) if latest else 0, pid=os.getpid(), time=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    with contextlib.suppress(OSError):  # a status file that cannot be written must not hide the run's own error
+        atomic_write_text(out / "status.json", json.dumps(dict(status, **extra)) + "\n")
 
 
 def main(argv=None):
@@ -1565,4 +1671,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, OSError, RunError) as e:  # a user's mistake (a flag, file, folder, data row, checkpoint)
+        if is_rank0():
+            print(f"gift.py: error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -21,6 +21,7 @@ steps, and confidence-threshold parallel decoding; it trades exactness for speed
 """
 
 import argparse
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -226,7 +227,7 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
 @torch.no_grad()
 def generate_cached(model, prompt, attention_mask=None, steps=128, gen_length=128, block_length=128, temperature=0.,
                     cfg_scale=0., remasking="low_confidence", mask_id=None, generator=None, cache="dual",
-                    threshold=None, refresh_cache_every_step=False):
+                    threshold=None, refresh_cache_every_step=False, cache_refresh=None):
     """generate() made faster after Fast-dLLM (Wu et al. 2025, arXiv 2505.22618), at the cost of exactness. The
     arguments and random draws are generate()'s; cache=None with threshold=None is generate() itself.
 
@@ -241,10 +242,17 @@ def generate_cached(model, prompt, attention_mask=None, steps=128, gen_length=12
         (at most block_length steps); `steps` is then only checked. None = generate()'s schedule.
     refresh_cache_every_step: rebuild the cache at every step (a check: the cache is then exact, and the tokens
         are the exact sampler's; no speed-up).
+    cache_refresh: N = a step that is a multiple of N within the block (0, N, 2N, ...) runs the full forward and
+        rebuilds the cache, as the block's first step does; the others read it. None = only the block's first step
+        (Fast-dLLM). With one block spanning the whole answer, the prompt's keys and values are otherwise never
+        recomputed after the answer tokens decoded since; N = 1 runs every step in full (the exact tokens).
     """
     mask_id = getattr(model, "module", model).config.mask_token_id if mask_id is None else mask_id
     check_generate_args(prompt, attention_mask, steps, gen_length, block_length, remasking, generator, cache,
                         threshold, where="generate_cached")
+    if cache_refresh is not None and (cache is None or not isinstance(cache_refresh, int) or cache_refresh < 1):
+        raise ValueError(f"sample.py generate_cached: cache_refresh={cache_refresh!r}; a whole number of steps >= 1, "
+                         "with a cache")
     x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
     prompt_index = x != mask_id
     B, L = x.shape
@@ -263,11 +271,12 @@ def generate_cached(model, prompt, attention_mask=None, steps=128, gen_length=12
             eligible = (x == mask_id) & in_block  # (B, L), N True in all
             if threshold is not None and not eligible.any():
                 break  # parallel decoding: the block is done early
-            if cache is not None and (i == 0 or refresh_cache_every_step):
+            full = i == 0 or (cache_refresh is not None and i % cache_refresh == 0)  # this step rebuilds the cache
+            if cache is not None and (full or refresh_cache_every_step):
                 kv_cache = []  # a full forward stores every position's keys and values
                 if refresh_cache_every_step:  # fill it now; this step then reads it as a later step does
                     guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache)
-            reads_cache = cache is not None and (i > 0 or refresh_cache_every_step)
+            reads_cache = cache is not None and (not full or refresh_cache_every_step)
             span = (block_start, block_end if cache == "dual" else L) if reads_cache else None
             logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache,
                                    span)  # (N, V)
@@ -326,6 +335,8 @@ def main(argv=None):
                    help="fast sampler: Fast-dLLM's key/value cache (none, without --threshold: the exact sampler)")
     p.add_argument("--threshold", type=float, default=None,
                    help="fast sampler: unmask every token more confident than this (parallel decoding; e.g. 0.9)")
+    p.add_argument("--cache-refresh", type=int, default=None,
+                   help="fast sampler: rebuild the --cache every N steps inside a block (default: at its first only)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
@@ -336,6 +347,10 @@ def main(argv=None):
             p.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
     if args.threshold is not None and not 0 <= args.threshold < 1:
         p.error(f"--threshold {args.threshold}: a confidence in [0, 1)")
+    if not args.temperature >= 0 or not args.cfg_scale >= 0:
+        p.error(f"--temperature {args.temperature} / --cfg-scale {args.cfg_scale}: must be 0 (off) or more")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: this machine has no CUDA device; use --device cpu")
 
     # only the command line needs the model and tokenizer code; the samplers above need torch (and gift.uniforms)
     from data import chat_prompt, check_mask_token, encode_text, load_tokenizer
@@ -371,7 +386,7 @@ def main(argv=None):
             out = generate(model, prompt, **kw)
         else:
             out = generate_cached(model, prompt, **kw, cache=None if args.cache == "none" else args.cache,
-                                  threshold=args.threshold)
+                                  threshold=args.threshold, cache_refresh=args.cache_refresh)
         return decode_until_stop(tokenizer, out[0, len(ids):].tolist())
 
     if args.prompt is not None:
@@ -400,4 +415,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, OSError) as e:  # a user's mistake (a file, a folder, a data row, a prompt): one line
+        print(f"sample.py: error: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -74,7 +74,7 @@ test_memory_plan.py checks the sum against the hooks):
   (GPU bf16: 25 T D + 6 T F + 6 T r).
 
 The check (--check) builds small models with this repo's own code (model.LLaDA, gift.wrap_model, the AdamW that
-gift.run builds, gift.MicroBatch, gift.train_step with the gift loss and its entropy pass) and runs ONE step in a
+gift.train_loop builds, gift.MicroBatch, gift.train_step with the gift loss and its entropy pass) and runs ONE step in a
 fresh subprocess, one process (world 1, so no sharding: the division by W is exact arithmetic), and compares the
 peak memory the step adds (peak RSS minus the RSS before the step: the weights are there before, the gradients,
 AdamW states, activations, logits chunks come with the step) with this plan's moments for the same shapes. Peak
@@ -440,7 +440,7 @@ def check_config(shapes):
 
 
 def build_step(shapes, lora, dtype, checkpointing, seed=0):
-    """Model, AdamW, one micro-batch (half prompt, half answer) and autocast as gift.run builds them. Returns
+    """Model, AdamW, one micro-batch (half prompt, half answer) and autocast as gift.train_loop builds them. Returns
     (model, optimizer, step), step() = one gift.train_step with the gift loss (its entropy pass included)."""
     cfg = check_config(shapes)
     model = LLaDA(cfg).init_weights(torch.Generator().manual_seed(seed))

@@ -53,9 +53,12 @@ DEFAULTS = dict(batch=2, prompt_len=64, gen_length=256, block_length=32, steps=1
 # the fast sampler: its modes (name, cache, threshold; 0.9 is Fast-dLLM's default threshold) and the shapes it is
 # timed at, on the body-heavy model: the body-heavy bench shape, and d1's evaluation shape (prompt ~200, gen 256)
 THRESHOLD = 0.9
-FAST_MODES = [("exact", None, None), ("prefix", "prefix", None), ("dual", "dual", None),
-              ("exact+threshold", None, THRESHOLD), ("prefix+threshold", "prefix", THRESHOLD),
-              ("dual+threshold", "dual", THRESHOLD)]
+# (name, cache, threshold, cache_refresh: rebuild the cache every N steps of a block, None = at its first only)
+FAST_MODES = [("exact", None, None, None), ("prefix", "prefix", None, None), ("dual", "dual", None, None),
+              ("dual+refresh8", "dual", None, 8), ("dual+refresh4", "dual", None, 4), ("dual+refresh2", "dual", None, 2),
+              ("exact+threshold", None, THRESHOLD, None), ("prefix+threshold", "prefix", THRESHOLD, None),
+              ("dual+threshold", "dual", THRESHOLD, None), ("dual+refresh4+threshold", "dual", THRESHOLD, 4),
+              ("dual+refresh2+threshold", "dual", THRESHOLD, 2)]
 FAST_SHAPES = {"body-heavy": dict(prompt_len=64, gen_length=256, block_length=32, steps=128),
                "d1 eval shape": dict(prompt_len=200, gen_length=256, block_length=32, steps=128)}
 SMOKE_FAST_SHAPES = {"body-heavy": dict(prompt_len=8, gen_length=32, block_length=8, steps=16)}
@@ -151,19 +154,20 @@ def bench_fast(name, shapes, shape, a, device, dtype):
     prompt = torch.randint(0, shapes["vocab"] - 2, (a.batch, shape["prompt_len"]),
                            generator=torch.Generator().manual_seed(a.seed + 1)).to(device)
     kw = dict(steps=shape["steps"], gen_length=shape["gen_length"], block_length=shape["block_length"])
-    times, outs = {m: [] for m, _, _ in FAST_MODES}, {}
+    times, outs = {m: [] for m, _, _, _ in FAST_MODES}, {}
     for r in range(a.repeats):
         order = FAST_MODES[r % len(FAST_MODES):] + FAST_MODES[:r % len(FAST_MODES)]
-        for mode, cache, threshold in order:
+        for mode, cache, threshold, refresh in order:
             if cache is None and threshold is None:  # the exact sampler
                 run_mode = lambda: generate(model, prompt, **kw)  # noqa: E731
             else:
-                run_mode = lambda: generate_cached(model, prompt, cache=cache, threshold=threshold, **kw)  # noqa: E731
+                run_mode = lambda: generate_cached(model, prompt, cache=cache, threshold=threshold,  # noqa: E731
+                                                   cache_refresh=refresh, **kw)
             outs[mode], t = timed(run_mode, a.clock, device)
             times[mode].append(t)
     P, tokens = shape["prompt_len"], a.batch * shape["gen_length"]
     rows = []
-    for mode, cache, threshold in FAST_MODES:
+    for mode, _, _, _ in FAST_MODES:
         ratios = [e / t for e, t in zip(times["exact"], times[mode])]
         agree = float((outs[mode][:, P:] == outs["exact"][:, P:]).float().mean())
         rows.append(dict(shape=name, mode=mode, tps=tokens / statistics.median(times[mode]),
@@ -172,19 +176,23 @@ def bench_fast(name, shapes, shape, a, device, dtype):
 
 
 def bench_sudoku(model_dir, a, device, dtype):
-    """Held-out Sudoku with every FAST_MODES mode: the embedded task's held-out puzzles (gift.build_embedded_task,
-    --seed 42 as gift.py's default) and its generation settings (gift.EMBEDDED_EVAL), graded by eval.py."""
+    """Held-out Sudoku with every FAST_MODES mode: the model folder's own held-out puzzles (sudoku_heldout.csv, which
+    gift.py's embedded run saves with it; else gift.build_embedded_task's for --seed 42) and the embedded task's
+    generation settings (gift.EMBEDDED_EVAL), graded by eval.py."""
     import gift
     from data import load_tokenizer
-    from eval import SUDOKU_QUESTION, evaluate
-    heldout = gift.build_embedded_task(42, a.sudoku_puzzles)[4]
-    items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
+    from eval import SUDOKU_QUESTION, evaluate, load_sudoku
+    if (Path(model_dir) / "sudoku_heldout.csv").is_file():
+        items = load_sudoku(Path(model_dir) / "sudoku_heldout.csv", subset=False)[:a.sudoku_puzzles]
+    else:
+        heldout = gift.build_embedded_task(42, a.sudoku_puzzles)[4]
+        items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
     model = LLaDA.from_pretrained(model_dir, dtype=dtype, device=device).eval()
     tokenizer = load_tokenizer(model_dir)
     rows, exact = [], None
-    for mode, cache, threshold in FAST_MODES:
+    for mode, cache, threshold, refresh in FAST_MODES:
         (acc, records), t = timed(lambda: evaluate(model, tokenizer, items, "sudoku", cache=cache, threshold=threshold,
-                                                   batch_size=64, **{k: gift.EMBEDDED_EVAL[k] for k in (
+                                                   cache_refresh=refresh, batch_size=64, **{k: gift.EMBEDDED_EVAL[k] for k in (
                                                        "prompt_style", "gen_length", "block_length", "steps")}),
                                   a.clock, device)
         exact = exact or records

@@ -664,11 +664,13 @@ def test_bad_eval_flags_are_refused_before_the_model_loads(flags, message, capsy
 
 
 def test_out_is_checked_before_the_model_loads(tmp_path, capsys):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("not read before --out is checked")
     for out, message in ((tmp_path, "name the summary .json file"), (tmp_path / "r.jsonl", "name the summary"),
                          (tmp_path / "file" / "r.json", "cannot write")):
         (tmp_path / "file").write_text("a file, not a folder")
         with pytest.raises(SystemExit):
-            E.main(["--model", "no-such-folder", "--task", "sudoku", "--data", "x.csv", "--out", str(out)])
+            E.main(["--model", str(tmp_path / "model"), "--task", "sudoku", "--data", "x.csv", "--out", str(out)])
         assert message in capsys.readouterr().err
 
 

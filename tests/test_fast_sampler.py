@@ -200,3 +200,42 @@ def test_sample_cli_fast_flags_and_checks(tmp_path, capsys):
         assert message in capsys.readouterr().err
     with pytest.raises(SystemExit, match="exceed the model's max_sequence_length 64"):
         sample.main(common + ["--gen-length", "64"])
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("kw", [dict(steps=16, block_length=4), dict(steps=8, block_length=8),
+                                dict(steps=8, block_length=4, temperature=0.7)], ids=["b4", "b8", "temp"])
+def test_a_cache_refreshed_every_step_gives_the_exact_tokens(cache, kw):
+    """cache_refresh=1: every step is a full forward that rebuilds the cache, so every step sees what the exact
+    sampler sees."""
+    model = float64_model()
+    ids, mask = padded_batch()
+    exact = generate(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3), **kw)
+    refreshed = generate_cached(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3),
+                                cache=cache, cache_refresh=1, **kw)
+    assert torch.equal(refreshed, exact)
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("every", [2, 3])
+def test_the_refresh_schedule_runs_what_it_says(cache, every):
+    """cache_refresh=N: in each block, steps 0, N, 2N, ... run the whole sequence (and rebuild the cache), the others
+    the span the cache mode reads."""
+    model = float64_model()
+    ids, mask = padded_batch()  # P = 9
+    lengths = []
+    hook = model.register_forward_pre_hook(lambda m, args: lengths.append(args[0].shape[1]))
+    generate_cached(model, ids, mask, steps=8, gen_length=8, block_length=4, cache=cache, cache_refresh=every)
+    hook.remove()
+    P, L = 9, 17
+    span = {"prefix": [L - P, L - P - 4], "dual": [4, 4]}[cache]  # block 0's, block 1's
+    want = [L if i % every == 0 else span[b] for b in range(2) for i in range(4)]
+    assert lengths == want
+
+
+def test_a_bad_refresh_is_refused():
+    model = float64_model()
+    ids = random_prompts(1, 4, 0)
+    for bad, cache in ((0, "dual"), (1.5, "dual"), (2, None)):
+        with pytest.raises(ValueError, match="cache_refresh"):
+            generate_cached(model, ids, gen_length=4, steps=4, block_length=4, cache=cache, cache_refresh=bad)
