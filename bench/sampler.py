@@ -56,9 +56,10 @@ THRESHOLD = 0.9
 # (name, cache, threshold, cache_refresh: rebuild the cache every N steps of a block, None = at its first only)
 FAST_MODES = [("exact", None, None, None), ("prefix", "prefix", None, None), ("dual", "dual", None, None),
               ("dual+refresh8", "dual", None, 8), ("dual+refresh4", "dual", None, 4), ("dual+refresh2", "dual", None, 2),
-              ("exact+threshold", None, THRESHOLD, None), ("prefix+threshold", "prefix", THRESHOLD, None),
-              ("dual+threshold", "dual", THRESHOLD, None), ("dual+refresh4+threshold", "dual", THRESHOLD, 4),
-              ("dual+refresh2+threshold", "dual", THRESHOLD, 2)]
+              ("exact+threshold", None, THRESHOLD, None), ("exact+threshold0.95", None, 0.95, None),
+              ("exact+threshold0.99", None, 0.99, None), ("prefix+threshold", "prefix", THRESHOLD, None),
+              ("dual+threshold", "dual", THRESHOLD, None), ("dual+threshold0.99", "dual", 0.99, None),
+              ("dual+refresh4+threshold0.99", "dual", 0.99, 4), ("dual+refresh2+threshold0.99", "dual", 0.99, 2)]
 FAST_SHAPES = {"body-heavy": dict(prompt_len=64, gen_length=256, block_length=32, steps=128),
                "d1 eval shape": dict(prompt_len=200, gen_length=256, block_length=32, steps=128)}
 SMOKE_FAST_SHAPES = {"body-heavy": dict(prompt_len=8, gen_length=32, block_length=8, steps=16)}
