@@ -171,9 +171,10 @@ def answer_entropy_and_nll(hidden, head, input_ids, answer_mask, chunk_size=CE_C
     for s in range(0, len(h), chunk_size):
         logits = head_logits(head, h[s:s + chunk_size])  # (c, V)
         logp = F.log_softmax(logits, dim=-1)
-        del logits  # two (c, V) tensors alive at a time, not four
+        del logits  # the logits or their log-softmax, not both, beside the entropy's exp
         nll_ans.append(-logp.gather(-1, targets[s:s + chunk_size, None])[:, 0])
         H_ans.append(-logp.exp().mul_(logp).sum(-1))
+        del logp  # before the next chunk's logits: at most two (c, V) float32 tensors at any time
     if H_ans:
         H[answer_mask] = torch.cat(H_ans).to(H.dtype)
         nll[answer_mask] = torch.cat(nll_ans).to(nll.dtype)
@@ -441,20 +442,20 @@ def check_options(opts, error):
     for name in ("max_steps", "save_every"):
         if getattr(opts, name) < 0:
             error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be 0 (off) or more")
-    if not opts.lr >= 0:  # NaN fails too
-        error(f"--lr {opts.lr}: must be positive")
-    for name, low, high in (("beta_power", 0, math.inf), ("lora_dropout", 0, 1), ("weight_decay", 0, math.inf),
-                            ("grad_clip", 0, math.inf), ("lora_alpha", 0, math.inf)):
-        value = getattr(opts, name)  # a finite number in [low, high); beta_power and lora_alpha above 0
-        if not (low <= value < high) or (value == 0 and name in ("beta_power", "lora_alpha")):
-            what = {"beta_power": "a positive number (beta_i = H_i^power)", "lora_dropout": "in [0, 1)",
-                    "weight_decay": "0 or more", "grad_clip": "0 (off) or a finite positive norm",
-                    "lora_alpha": "a positive number (the adapters' scale is alpha / r; 0 trains nothing)"}[name]
-            error(f"--{name.replace('_', '-')} {value}: must be {what}")
-    if opts.warmup_steps < 0:
-        error(f"--warmup-steps {opts.warmup_steps}: must be 0 (none) or more")
-    if opts.max_len < 2:
-        error(f"--max-len {opts.max_len}: must be at least 2 (a prompt token and an answer token)")
+    ranges = {  # option: (its value is fine, what it must be); a NaN compares false, so it fails too
+        "lr": (0 <= opts.lr < math.inf, "positive"),
+        "beta_power": (0 < opts.beta_power < math.inf, "a positive number (beta_i = H_i^power)"),
+        "lora_alpha": (0 < opts.lora_alpha < math.inf, "a positive number (the adapters' scale is alpha / r; 0 "
+                                                        "trains nothing)"),
+        "lora_dropout": (0 <= opts.lora_dropout < 1, "in [0, 1)"),
+        "weight_decay": (0 <= opts.weight_decay < math.inf, "0 or more"),
+        "grad_clip": (0 <= opts.grad_clip < math.inf, "0 (off) or a finite positive norm"),
+        "warmup_steps": (opts.warmup_steps >= 0, "0 (none) or more"),
+        "max_len": (opts.max_len >= 2, "at least 2 (a prompt token and an answer token)"),
+    }
+    for name, (fine, what) in ranges.items():
+        if not fine:
+            error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be {what}")
     if opts.lr == 0:
         print("warning: --lr 0: the weights will not change", file=sys.stderr)
     if not 0 <= opts.eps < 1:

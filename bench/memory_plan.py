@@ -32,9 +32,9 @@ FRAGMENTATION x the tensors' peak. Those two are assumptions, not measurements: 
 Moments, in the order gift.train_step runs them:
   1. entropy pass (answer_entropy_and_nll, Algorithm 1): no autograd graph, so the larger of one block's forward,
      8 a T D (x, n, q, k, v, attention output, h, m: Block.forward's locals) + 3 a T F (silu(g), u, their product),
-     and the head over the answer: a N_a D hidden states + 3 (c, V) float32 tensors (the previous chunk's
-     log-softmax is still bound to `logp` while the next chunk's logits and log-softmax are made) + the (c, V)
-     logits themselves in bf16. FSDP2: the unsharded bf16 parameters of the root (not resharded after forward,
+     and the head over the answer: a N_a D hidden states + 2 (c, V) float32 tensors (a chunk's logits and their
+     log-softmax, then the log-softmax and its exp; the bf16 logits are freed once cast, and each chunk's tensors
+     before the next chunk's). FSDP2: the unsharded bf16 parameters of the root (not resharded after forward,
      FSDP2's rule for the root) and of two blocks (the current one and the prefetched next).
   2. loss chunks' backward (chunked_cross_entropy): every activation the forward saved, the ln_f input, the masked
      hidden states, and one chunk recomputed: its float32 log-softmax, that log-softmax's gradient and the logits'
@@ -260,13 +260,13 @@ def plan(s):
 
     # 1. the entropy pass: no graph
     block_fwd = 8 * a * T * D + 3 * a * T * F
-    head_fwd = a * s.n_answer * D + (12 + (a if a < 4 else 0)) * cV
+    head_fwd = a * s.n_answer * D + 8 * cV
     m1 = ([unsharded_root, unsharded_blocks] if fsdp else [])
     if block_fwd >= head_fwd:
         m1.append(term("a block's forward, no graph", f"8 {a} T D + 3 {a} T F", block_fwd))
     else:
         m1.append(term("answer hidden states + logits chunk (no graph)",
-                       f"{a} N_a D + {12 + (a if a < 4 else 0)} c V", head_fwd))
+                       f"{a} N_a D + 8 c V", head_fwd))
     if s.lora and a == 2:
         m1.append(term("autocast's bf16 copies of the adapters", "2 P_l", 2 * P_t))
     moments["1 entropy pass"] = m1
