@@ -38,8 +38,8 @@ from sample import generate, generate_cached
 
 # -----------------------------------------------------------------------------
 # Protocol constants (d1, github.com/dllm-reasoning/d1, eval/{gsm8k,math500,countdown,sudoku}.py, commit 837888f).
-# They must equal d1's prompts character for character (tests/data/d1_prompts.json; a test checks). Stray spaces, the missing
-# space before "Respond" in the Countdown prompt and the MATH500 prompt's trailing '" \n' are d1's own.
+# They must equal d1's prompts character for character (tests/data/d1_prompts.json; a test checks). Stray spaces,
+# the missing space before "Respond" in the Countdown prompt and the MATH500 prompt's trailing '" \n' are d1's own.
 
 GSM_SYSTEM_PROMPT = (
     "You are a math expert. You will be given a question to solve. Solve it step by step. Wrap the final answer "
@@ -793,7 +793,8 @@ def main(argv=None):
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until the process ends, however it ends
             except BlockingIOError:
-                p.error(f"--out {args.out}: another eval.py is writing {records_path}; wait for it, or use another --out")
+                p.error(f"--out {args.out}: another eval.py is writing {records_path}; wait for it, or use "
+                        "another --out")
             except OSError:
                 pass  # a file system without locks: unprotected, as before
 
@@ -823,9 +824,10 @@ def main(argv=None):
     for item in items + shot_items:  # every prompt readable by the model, before it loads
         bad = unencodable_characters(tokenizer, build_prompt(args.task, item, args.prompt_style, ()))
         if bad:
+            hint = ("; the embedded Sudoku model reads plain prompts (--prompt-style plain)"
+                    if args.prompt_style != "plain" else "")
             p.error(f"{args.data}: a {args.prompt_style} prompt has characters this model's tokenizer cannot encode: "
-                    f"{', '.join(map(repr, bad))}" + ("; the embedded Sudoku model reads plain prompts "
-                                                        "(--prompt-style plain)" if args.prompt_style != "plain" else ""))
+                    f"{', '.join(map(repr, bad))}{hint}")
     settings = dict(task=args.task, model=os.path.abspath(folder),
                     adapter=adapter and os.path.abspath(adapter), data=os.path.abspath(args.data),
                     data_sha256=hashlib.sha256(Path(args.data).read_bytes()).hexdigest()[:16],
@@ -857,10 +859,10 @@ def main(argv=None):
     runs = []
     for seed in args.seeds:
         if rank == 0:
+            sampler = ("exact" if cache is None and args.threshold is None else
+                       f"cache {args.cache}, threshold {args.threshold}, cache refresh {args.cache_refresh}")
             print(f"{args.task}: {len(items)} items, seed {seed}, gen_length {gen_length}, steps {steps}, "
-                  f"block {args.block_length}, {args.shots}-shot, {args.prompt_style} prompts, sampler "
-                  f"{'exact' if cache is None and args.threshold is None else f'cache {args.cache}, threshold {args.threshold}'}"
-                  f"{f', cache refresh every {args.cache_refresh} steps' if args.cache_refresh else ''}",
+                  f"block {args.block_length}, {args.shots}-shot, {args.prompt_style} prompts, sampler {sampler}",
                   flush=True)
         done = {i: r for (s, i), r in finished.items() if s == seed and i < len(items)}
         acc, records = evaluate(model, tokenizer, items, args.task, gen_length=gen_length, steps=steps,

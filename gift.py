@@ -58,8 +58,8 @@ CE_CHUNK = 256
 
 
 def uniforms(shape, generator, device, dtype=None):
-    """U(0, 1) draws of `shape` (B, ...), in `dtype` (None: torch's default, float32), from one explicit generator (None: torch's global one), or from a list of B
-    generators, one per row. Per-row generators (seeded per example by the training loop) make a row's noise
+    """U(0, 1) draws of `shape` (B, ...), in `dtype` (None: torch's default, float32), from one explicit generator
+    (None: torch's global one), or from a list of B generators, one per row. Per-row generators (seeded per example by the training loop) make a row's noise
     independent of how the batch is split across ranks and micro-batches: N processes then draw what one draws."""
     if generator is None or isinstance(generator, torch.Generator):
         where = device if generator is None else generator.device
@@ -163,7 +163,8 @@ def answer_entropy_and_nll(hidden, head, input_ids, answer_mask, chunk_size=CE_C
     """Algorithm 1's entropy H_i = -sum_j softmax(z_ij) log_softmax(z_ij) and the NLL -log softmax(z_i)[x0^i] (the
     "nll" ablation's beta, eq. 13) at every answer position. hidden (B, L, D): the model's final hidden states on
     mask_answer(input_ids, ...) (run it in eval mode: no dropout), head: (c, D) -> (c, V) (None: hidden holds the
-    logits). Logits exist for one chunk of answer positions at a time. Returns H, nll (B, L) float32, 0 off the answer."""
+    logits). Logits exist for one chunk of answer positions at a time. Returns H, nll (B, L) float32, 0 off the
+    answer."""
     H = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     nll = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     h, targets = hidden[answer_mask], input_ids[answer_mask]  # (N, D), (N,)
@@ -466,6 +467,8 @@ def check_options(opts, error):
         error(f"--lora-targets: {unknown} not among a block's linears {', '.join(block_linears)}")
     if opts.data and not opts.model:
         error("--data needs --model (without --model the built-in Sudoku task trains and --data is unused)")
+    if opts.lora and not opts.model:
+        error("--lora needs --model (the built-in Sudoku task trains a tiny model from scratch: all of it)")
     if opts.resume and opts.overwrite:
         error("--resume continues the run in --out, --overwrite deletes it: choose one")
     if opts.model and not opts.data:
@@ -608,7 +611,8 @@ def train_loop(opts, preemption):
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
              "bfloat16": torch.bfloat16, "float32": torch.float32}[opts.dtype]
     # bf16: autocast on the CPU as on a GPU (one code path); norms, softmax and losses stay float32 (model.py, above)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16 else contextlib.nullcontext()
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16
+                else contextlib.nullcontext())
     candidates = broadcast_object(on_rank0(lambda: resume_candidates(out))) if opts.resume else []
 
     # the model, the tokenizer and the data (every rank builds the same); refuse to resume with other ones early
@@ -630,13 +634,14 @@ def train_loop(opts, preemption):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(opts.schedule, opts.warmup_steps, total_steps))
     print0(banner(opts, task, model, world, device, dtype, total_steps, global_batch))
 
-    # GIFT*: the betas of the INITIAL model, so before any checkpoint is loaded (Appendix "GIFT*"); --beta-refresh-epochs
+    # GIFT*: the INITIAL model's betas, before any checkpoint is loaded (Appendix "GIFT*"); --beta-refresh-epochs
     ref_betas = None
     if opts.loss == "gift-star":
         length = opts.max_len if opts.pad_to_max_len else max(len(ids) for ids, _ in task.examples)
         with autocast:
-            ref_betas = gift_star_betas(model, task.examples, out / "ref_betas.pt", task.pad_id, length, opts.batch_size,
-                                        device, dict(task.fingerprints, beta_power=opts.beta_power, length=length),
+            ref_betas = gift_star_betas(model, task.examples, out / "ref_betas.pt", task.pad_id, length,
+                                        opts.batch_size, device,
+                                        dict(task.fingerprints, beta_power=opts.beta_power, length=length),
                                         opts.beta_power)
     beta_cache = BetaCache(len(task.examples), opts.beta_refresh_epochs) if opts.beta_refresh_epochs != 1 else None
 
@@ -1645,10 +1650,12 @@ def train(opts):
 
 def write_status(out, state, **extra):
     """<out>/status.json: {"state": running | done | preempted | failed, "checkpoint": the latest, "step": its step}."""
-    latest = (out / "latest").read_text().strip() if (out / "latest").is_file() else None
-    status = dict(state=state, checkpoint=latest and str(out / "checkpoints" / latest),
-                  step=int(latest[5:]) if latest else 0, pid=os.getpid(), time=time.strftime("%Y-%m-%dT%H:%M:%S"))
-    with contextlib.suppress(OSError):  # a status file that cannot be written must not hide the run's own error
+    latest = out / "latest"
+    with contextlib.suppress(OSError, ValueError):  # a status file that cannot be written must not hide the run's error
+        named = re.fullmatch(r"step-(\d+)", latest.read_text().strip()) if latest.is_file() else None
+        status = dict(state=state, checkpoint=named and str(out / "checkpoints" / named.group(0)),
+                      step=int(named.group(1)) if named else 0, pid=os.getpid(),
+                      time=time.strftime("%Y-%m-%dT%H:%M:%S"))
         atomic_write_text(out / "status.json", json.dumps(dict(status, **extra)) + "\n")
 
 
