@@ -773,6 +773,8 @@ def main(argv=None):
     args.steps = args.steps or defaults.get("steps")
     gen_length, block_length = args.gen_length or GEN_LENGTH[args.task], args.block_length
     steps = args.steps or gen_length // 2
+    if block_length > gen_length:
+        p.error(f"--block-length {block_length} is longer than --gen-length {gen_length}")
     if gen_length % block_length or steps % (gen_length // block_length):
         p.error(f"--gen-length {gen_length} must be a multiple of --block-length {block_length}, and --steps {steps} "
                 f"a multiple of the number of blocks {gen_length // max(block_length, 1)}")
@@ -816,7 +818,7 @@ def main(argv=None):
         items = load_benchmark(args.task, args.data)[:args.limit]
         shot_items = load_benchmark(args.task, args.shot_data) if args.shots else []
     except (OSError, ValueError) as e:  # a missing or malformed test file: one line, before the model loads
-        p.error(str(e))
+        p.error(str(e) if str(args.data) in str(e) else f"--data {args.data}: {e}")
     gen_length = args.gen_length or GEN_LENGTH[args.task]
     steps = args.steps or gen_length // 2
     cache = None if args.cache == "none" else args.cache

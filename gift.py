@@ -59,8 +59,9 @@ CE_CHUNK = 256
 
 def uniforms(shape, generator, device, dtype=None):
     """U(0, 1) draws of `shape` (B, ...), in `dtype` (None: torch's default, float32), from one explicit generator
-    (None: torch's global one), or from a list of B generators, one per row. Per-row generators (seeded per example by the training loop) make a row's noise
-    independent of how the batch is split across ranks and micro-batches: N processes then draw what one draws."""
+    (None: torch's global one), or from a list of B generators, one per row. Per-row generators (seeded per example
+    by the training loop) make a row's noise independent of how the batch is split across ranks and micro-batches:
+    N processes then draw what one draws."""
     if generator is None or isinstance(generator, torch.Generator):
         where = device if generator is None else generator.device
         return torch.rand(shape, dtype=dtype, device=where, generator=generator).to(device)
@@ -445,7 +446,8 @@ def check_options(opts, error):
             error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be 0 (off) or more")
     ranges = {  # option: (its value is fine, what it must be); a NaN compares false, so it fails too
         "lr": (0 <= opts.lr < math.inf, "positive"),
-        "beta_power": (0 < opts.beta_power < math.inf, "a positive number (beta_i = H_i^power)"),
+        "beta_power": (0 < opts.beta_power <= 10, "in (0, 10] (beta_i = H_i^power: 0.5 the paper, 1 raw entropy; "
+                                                 "more overflows)"),
         "lora_alpha": (0 < opts.lora_alpha < math.inf, "a positive number (the adapters' scale is alpha / r; 0 "
                                                         "trains nothing)"),
         "lora_dropout": (0 <= opts.lora_dropout < 1, "in [0, 1)"),
@@ -453,6 +455,7 @@ def check_options(opts, error):
         "grad_clip": (0 <= opts.grad_clip < math.inf, "0 (off) or a finite positive norm"),
         "warmup_steps": (opts.warmup_steps >= 0, "0 (none) or more"),
         "max_len": (opts.max_len >= 2, "at least 2 (a prompt token and an answer token)"),
+        "seed": (0 <= opts.seed < 1_000_000, "in [0, 1000000) (each example's noise is seeded from it)"),
     }
     for name, (fine, what) in ranges.items():
         if not fine:
@@ -475,7 +478,11 @@ def check_options(opts, error):
         error("--model needs --data (a JSONL file)")
     if opts.data and Path(opts.data).is_dir():
         error(f"--data {opts.data}: a folder; give the JSONL file")
+    if not opts.out.strip():
+        error("--out '': give the run's folder")
     out = Path(opts.out)
+    if (out / "config.json").exists():  # a model folder (the base itself?): sample.py would load it, not the run
+        error(f"--out {opts.out}: holds a model (config.json); a run needs a folder of its own")
     if out.exists() and not out.is_dir() or out.resolve() == Path(out.anchor):
         error(f"--out {opts.out}: must be a folder of its own (it is {'the root' if out.is_dir() else 'a file'})")
     if out.is_dir() and not os.access(out, os.W_OK | os.X_OK):
@@ -633,6 +640,7 @@ def train_loop(opts, preemption):
     total_steps = min(total_steps, opts.max_steps) if opts.max_steps else total_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(opts.schedule, opts.warmup_steps, total_steps))
     print0(banner(opts, task, model, world, device, dtype, total_steps, global_batch))
+    check_run_size(opts, len(task.examples), total_steps)
 
     # GIFT*: the INITIAL model's betas, before any checkpoint is loaded (Appendix "GIFT*"); --beta-refresh-epochs
     ref_betas = None
@@ -688,8 +696,22 @@ def train_loop(opts, preemption):
             raise SystemExit(128 + signum)
 
     final = out / "checkpoints" / state.checkpoints[-1]
+    if state.skipped_steps == state.step:
+        raise RunError(f"every step ({state.step}) had a non-finite loss or gradient and changed nothing; lower --lr "
+                       f"(or --lora-alpha); the checkpoint {final} is the initial model")
     print0(f"done: {state.step} steps in {hms(state.elapsed_s)}; checkpoint {final}")
     return model, task.tokenizer, task.heldout, final
+
+
+def check_run_size(opts, n_examples, total_steps):
+    """Sizes that only the data make absurd: refused (a batch larger than the data), or said (a warm-up longer than
+    the run never reaches the peak learning rate)."""
+    if opts.batch_size * opts.grad_accum > n_examples:  # every step would be mostly empty micro-steps
+        raise ValueError(f"--batch-size {opts.batch_size} x --grad-accum {opts.grad_accum} exceeds the {n_examples} "
+                         "examples: lower them")
+    if opts.warmup_steps > total_steps:
+        print0(f"warning: --warmup-steps {opts.warmup_steps} is longer than the run ({total_steps} steps): the peak "
+               "learning rate is never reached")
 
 
 def lr_lambda(schedule, warmup_steps, total_steps):
@@ -1196,11 +1218,16 @@ def claim_output_folder(out, resume, overwrite):
     lock = lock_folder(out)
     try:
         existing = [name for name in RUN_FILES if (out / name).exists() or (out / name).is_symlink()]
+        foreign = not_ours(out) if existing else []
+        named = (out / "latest").read_text().strip() if (out / "latest").is_file() else ""  # "": a damaged one
+        theirs = [f for f in foreign if f.endswith("metrics.jsonl") or (f.endswith("latest") and named)]
+        if resume and theirs:  # --resume would rewrite these
+            raise FileExistsError(f"--resume: {out} holds what no gift.py run wrote ({', '.join(theirs)}); nothing "
+                                  "was changed: move those away, or choose another --out")
         if existing and not resume:
             if not overwrite:
                 raise FileExistsError(f"{out} already holds a run ({', '.join(existing)}): continue it with --resume, "
                                       "start over with --overwrite (deletes it), or choose another --out")
-            foreign = not_ours(out)
             if foreign:
                 raise FileExistsError(f"--overwrite: {out} holds what no gift.py run wrote ({', '.join(foreign)}); "
                                       "nothing was deleted: move those away, or choose another --out")
@@ -1338,7 +1365,7 @@ def save_checkpoint(model, optimizer, folder, trainer, loop_state, lora, export)
             shutil.rmtree(tmp, ignore_errors=True)
         why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1][:300]
         raise OSError(getattr(e, "errno", None), f"cannot write the checkpoint {tmp} ({why}); its partial files are "
-                                                 "removed; resume with --resume once there is room") from e
+                                                 "removed; resume with --resume once it can be written") from e
 
 
 def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, export):
@@ -1383,6 +1410,7 @@ def save_and_rotate(model, optimizer, scheduler, state, window, beta_cache, opts
                       beta_cache=beta_cache.state_dict() if beta_cache else None)
     save_checkpoint(model, optimizer, out / "checkpoints" / name, trainer, loop_state, opts.lora, task.export)
     if is_rank0():
+        write_status(out, "running")  # with the checkpoint a kill -9 would resume from
         for old in ours[:-opts.keep_last]:  # renamed first: a kill in mid-delete leaves a .tmp that start-up removes
             doomed = out / "checkpoints" / (old + ".tmp")
             if (out / "checkpoints" / old).exists():

@@ -30,8 +30,8 @@ def run_cli(argv):
 
 BAD_TRAIN_OPTIONS = [
     (["--lora", "--lora-alpha", "0"], "--lora-alpha 0.0: must be a positive number"),
-    (["--beta-power", "nan"], "--beta-power nan: must be a positive number"),
-    (["--beta-power", "-1"], "--beta-power -1.0: must be a positive number"),
+    (["--beta-power", "nan"], "--beta-power nan: must be in (0, 10]"),
+    (["--beta-power", "-1"], "--beta-power -1.0: must be in (0, 10]"),
     (["--warmup-steps", "-5"], "--warmup-steps -5: must be 0 (none) or more"),
     (["--grad-clip", "inf"], "--grad-clip inf: must be 0 (off) or a finite positive norm"),
     (["--grad-clip", "-1"], "--grad-clip -1.0: must be 0 (off)"),
@@ -43,6 +43,10 @@ BAD_TRAIN_OPTIONS = [
     (["--out", "/dev/full"], "--out /dev/full: must be a folder of its own (it is a file)"),
     (["--out", "/"], "--out /: must be a folder of its own (it is the root)"),
     (["--data", "/"], "--data /: a folder; give the JSONL file"),
+    (["--out", ""], "--out '': give the run's folder"),
+    (["--out", str(REPO / "tests" / "golden" / "tiny_llada_mha")], "holds a model (config.json)"),
+    (["--seed", "99999999999999999999"], "--seed 99999999999999999999: must be in [0, 1000000)"),
+    (["--beta-power", "1e30"], "--beta-power 1e+30: must be in (0, 10]"),
 ]
 
 
@@ -58,6 +62,7 @@ BAD_EVAL_FLAGS = [
     (["--temperature", "-1"], "--temperature -1.0: must be 0 (greedy) or more"),
     (["--gen-length", "100", "--block-length", "32"], "--gen-length 100 must be a multiple of --block-length 32"),
     (["--gen-length", "64", "--block-length", "32", "--steps", "33"], "--steps 33 a multiple of the number of blocks 2"),
+    (["--gen-length", "32", "--block-length", "64"], "--block-length 64 is longer than --gen-length 32"),
 ]
 
 
@@ -137,6 +142,11 @@ def test_overwrite_deletes_only_what_a_run_wrote(base, tmp_path):
     with pytest.raises(FileExistsError, match="checkpoints.*nothing was deleted"):
         main(train_args(base, out, "--max-steps", "1", "--overwrite"))
     assert (elsewhere / "keep.txt").exists()
+    (out / "checkpoints").unlink()
+    (out / "latest").write_text("my notes")  # a user's file named latest: --resume must not take it over either
+    with pytest.raises(FileExistsError, match="--resume: .*latest.*nothing was changed"):
+        main(train_args(base, out, "--max-steps", "1", "--resume"))
+    assert (out / "latest").read_text() == "my notes"
 
 
 def test_extending_a_finished_run_stretches_its_schedule_and_says_so(base, tmp_path, capsys):
@@ -221,6 +231,16 @@ def test_one_changed_answer_of_the_same_length_is_refused_at_resume(base, tmp_pa
     data.write_text("\n".join(rows) + "\n")
     with pytest.raises(ValueError, match="training data changed"):
         main(train_args(base, out, "--max-steps", "2", "--resume", data=data))
+
+
+def test_a_run_where_every_step_was_skipped_is_not_done(base, tmp_path):
+    with pytest.raises(gift.RunError, match="every step \\(2\\) had a non-finite loss"):
+        main(train_args(base, tmp_path / "run", "--lora", "--lora-alpha", "1e30", "--max-steps", "2"))
+
+
+def test_a_batch_larger_than_the_data_is_refused(base, tmp_path):
+    with pytest.raises(ValueError, match="--batch-size 2 x --grad-accum 100 exceeds the 12 examples"):
+        main(train_args(base, tmp_path / "run", "--grad-accum", "100"))
 
 
 def test_a_bad_data_file_fails_before_the_lora_base_loads(base, tmp_path, monkeypatch):
