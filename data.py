@@ -178,26 +178,37 @@ def _around(text, start, end):
     return f"{text[start:end]!r} (U+{ord(text[start]):04X}) in ...{text[max(0, start - 20):end + 20]!r}..."
 
 
+def _unencodable(tokenizer, text, unk):
+    """{character: its first position} for each character of `text` outside its special tokens (such as <|eot_id|>)
+    that the tokenizer has no faithful token for: encoding it alone raises (a vocabulary without an unknown token,
+    as the embedded task's character-level one) or gives the unknown token. In order of appearance."""
+    unk_token, unk_id = unk
+    added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len, reverse=True)
+    spans = [m.span() for m in re.finditer("|".join(map(re.escape, added)), text)] if added else []
+    readable, bad = {}, {}
+    for pos, ch in enumerate(text):
+        if ch in readable or any(a <= pos < b for a, b in spans):
+            continue
+        try:
+            ids = tokenizer.encode(ch, add_special_tokens=False).ids
+        except Exception:
+            ids = None
+        readable[ch] = ids is not None and not (unk_id is not None and unk_id in ids and ch != unk_token)
+        if not readable[ch]:
+            bad[ch] = pos
+    return bad
+
+
 def _unreadable(tokenizer, text, encoding, unk):
     """Why `text` has no faithful encoding (None when it has): a character with no token, found in `encoding`
     read as the unknown token, or, when encoding is None (encode raised), as the first character that fails alone."""
     unk_token, unk_id = unk
     if encoding is None:
-        added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len, reverse=True)
-        spans = [m.span() for m in re.finditer("|".join(map(re.escape, added)), text)] if added else []
-        readable = {}
-        for pos, ch in enumerate(text):
-            if any(a <= pos < b for a, b in spans):
-                continue  # inside a special token such as <|eot_id|>
-            if ch not in readable:
-                try:
-                    tokenizer.encode(ch, add_special_tokens=False)
-                    readable[ch] = True
-                except Exception:
-                    readable[ch] = False
-            if not readable[ch]:
-                return f"has {_around(text, pos, pos + 1)}, a character the tokenizer has no token for"
-        return "cannot be tokenized"
+        bad = _unencodable(tokenizer, text, unk)
+        if not bad:
+            return "cannot be tokenized"
+        pos = next(iter(bad.values()))
+        return f"has {_around(text, pos, pos + 1)}, a character the tokenizer has no token for"
     if unk_id is not None and unk_id in encoding.ids:
         for token_id, (start, end) in zip(encoding.ids, encoding.offsets):
             if token_id == unk_id and text[start:end] != unk_token:  # the literal unknown token in text is fine
@@ -207,20 +218,8 @@ def _unreadable(tokenizer, text, encoding, unk):
 
 def unencodable_characters(tokenizer, text):
     """The distinct characters of `text` (outside its special tokens, in order of appearance) that the tokenizer has
-    no faithful token for: encoding them alone raises (a vocabulary without an unknown token, as the embedded task's
-    character-level one) or gives the unknown token. [] for LLaDA's byte-level BPE, which encodes any text."""
-    unk_token, unk_id = _unknown_token(tokenizer)
-    added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len, reverse=True)
-    plain = re.sub("|".join(map(re.escape, added)), "", text) if added else text
-    bad = []
-    for ch in dict.fromkeys(plain):
-        try:
-            ids = tokenizer.encode(ch, add_special_tokens=False).ids
-        except Exception:
-            ids = None
-        if ids is None or (unk_id is not None and unk_id in ids and ch != unk_token):
-            bad.append(ch)
-    return bad
+    no faithful token for. [] for LLaDA's byte-level BPE, which encodes any text."""
+    return list(_unencodable(tokenizer, text, _unknown_token(tokenizer)))
 
 
 def encode_text(tokenizer, text, what="the prompt"):

@@ -819,8 +819,6 @@ def main(argv=None):
         shot_items = load_benchmark(args.task, args.shot_data) if args.shots else []
     except (OSError, ValueError) as e:  # a missing or malformed test file: one line, before the model loads
         p.error(str(e) if str(args.data) in str(e) else f"--data {args.data}: {e}")
-    gen_length = args.gen_length or GEN_LENGTH[args.task]
-    steps = args.steps or gen_length // 2
     cache = None if args.cache == "none" else args.cache
     tokenizer = load_tokenizer(folder)
     for item in items + shot_items:  # every prompt readable by the model, before it loads
