@@ -573,7 +573,7 @@ def item_generator(seed, index, device):
 @torch.no_grad()
 def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_length=BLOCK_LENGTH, batch_size=8,
              prompt_style="d1", shots=(), temperature=0.0, seed=0, log=False, cache=None, threshold=None, done=None,
-             on_batch=None, cache_refresh=None):
+             on_batch=None, cache_refresh=None, cache_drift=None):
     """Generate an answer for every item and grade it. Returns (accuracy in %, records sorted by item) on rank 0
     and (None, None) on the other ranks; without torch.distributed (or one rank) it is a plain function.
 
@@ -583,7 +583,8 @@ def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_l
     repeats item 0 and drops the result), so a sharded model (FSDP) keeps its collectives in step. The generated
     part is decoded with special tokens kept ("<|eot_id|>", "<|endoftext|>"), as d1 stores and grades it.
     Each item's sampling noise (temperature > 0) comes from item_generator(seed, index).
-    cache, threshold: sample.generate_cached's fast options (None, None = sample.generate, the exact sampler).
+    cache, threshold, cache_refresh, cache_drift: sample.generate_cached's fast options (None, None = sample.generate,
+    the exact sampler).
     done: {index: record} already graded (a resumed run): a batch whose items are all done is not generated again.
     on_batch(records): called on rank 0 with each round's new records, as soon as they exist (streaming).
     log: one progress line per round on rank 0: items done, generated tokens/s, running accuracy, ETA.
@@ -629,7 +630,7 @@ def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_l
             out = generate(raw, prompt.to(device), **kw)  # (B, P + gen_length)
         else:
             out = generate_cached(raw, prompt.to(device), **kw, cache=cache, threshold=threshold,
-                                  cache_refresh=cache_refresh)
+                                  cache_refresh=cache_refresh, cache_drift=cache_drift)
         new = []
         for r, i in enumerate(idx):
             if i in done:  # a batch partly done before (a rerun with a larger --limit): its old record stays
@@ -731,6 +732,9 @@ def main(argv=None):
                    help="fast sampler: unmask every token more confident than this (parallel decoding; e.g. 0.9)")
     p.add_argument("--cache-refresh", type=int, default=None,
                    help="fast sampler: rebuild the --cache every N steps inside a block (default: at its first only)")
+    p.add_argument("--cache-drift", type=float, default=None,
+                   help="fast sampler: also rebuild a row's --cache when its attention drifts (Elastic-Cache's test: "
+                   "cosine similarity below this, e.g. 0.9)")
     p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                    help="weights dtype (auto: bfloat16 on GPU, float32 on CPU)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N items (a quick check)")
@@ -753,6 +757,8 @@ def main(argv=None):
         p.error(f"--temperature {args.temperature}: must be 0 (greedy) or more")
     if args.cache_refresh is not None and (args.cache == "none" or args.cache_refresh < 1):
         p.error(f"--cache-refresh {args.cache_refresh}: a number of steps >= 1, with --cache prefix or dual")
+    if args.cache_drift is not None and (args.cache == "none" or not 0 < args.cache_drift <= 1):
+        p.error(f"--cache-drift {args.cache_drift}: a cosine similarity in (0, 1], with --cache prefix or dual")
     if len(set(args.seeds)) < len(args.seeds):
         p.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once (the std is over distinct runs)")
     from model import LLaDA, find_model, generation_defaults, load_adapter, merge_lora  # the command line's own
@@ -837,6 +843,8 @@ def main(argv=None):
                     threshold=args.threshold, dtype=str(dtype).replace("torch.", ""))
     if args.cache_refresh:  # a setting of its own only when used: files of earlier runs keep resuming
         settings["cache_refresh"] = args.cache_refresh
+    if args.cache_drift:
+        settings["cache_drift"] = args.cache_drift
     finished = {}
     if records_path and rank == 0:
         finished = read_records(records_path, settings)
@@ -860,7 +868,8 @@ def main(argv=None):
     for seed in args.seeds:
         if rank == 0:
             sampler = ("exact" if cache is None and args.threshold is None else
-                       f"cache {args.cache}, threshold {args.threshold}, cache refresh {args.cache_refresh}")
+                       f"cache {args.cache}, threshold {args.threshold}, cache refresh {args.cache_refresh}, "
+                       f"cache drift {args.cache_drift}")
             print(f"{args.task}: {len(items)} items, seed {seed}, gen_length {gen_length}, steps {steps}, "
                   f"block {args.block_length}, {args.shots}-shot, {args.prompt_style} prompts, sampler {sampler}",
                   flush=True)
@@ -870,6 +879,7 @@ def main(argv=None):
                                 prompt_style=args.prompt_style, shots=pick_shots(shot_items, args.shots, seed),
                                 temperature=args.temperature, seed=seed, log=True, cache=cache,
                                 threshold=args.threshold, done=done, cache_refresh=args.cache_refresh,
+                                cache_drift=args.cache_drift,
                                 on_batch=(lambda new: append_records(records_path, new, settings)) if records_path
                                 else None)
         if rank == 0:

@@ -188,6 +188,17 @@ def apply_rope(x, cos, sin):
     return (x32 * cos + torch.cat([-b, a], dim=-1) * sin).to(x.dtype)
 
 
+def attention_probs(q, k, key_mask):
+    """softmax(q k^T / sqrt(hd)) in float32, what scaled_dot_product_attention weighs the values with: q (B, H, S,
+    hd), k (B, Hkv, L, hd), key_mask None or (B, 1, 1, L) bool -> (B, H, S, L). Written out only for the few queries
+    sample.py's drift test inspects; the forward itself uses the fused kernel."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1).float()  # (B, H, L, hd): query head h reads kv head h // g
+    scores = q.float() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, S, L)
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask, float("-inf"))
+    return scores.softmax(-1)
+
+
 class Block(nn.Module):
     """Pre-norm LLaMA-style block with bidirectional attention and a SwiGLU MLP (official names)."""
 
@@ -205,11 +216,13 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(D, cfg.mlp_hidden_size, bias=False)
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, D, bias=False)
 
-    def forward(self, x, rope, key_mask, kv=None, start=0):
+    def forward(self, x, rope, key_mask, kv=None, start=0, attn_rows=None):
         """x (B, S, D) at positions start .. start + S - 1; rope (S, hd) complex, cos + i sin of those positions (see
         LLaDA.forward for why complex). kv: None, or a list:
         empty, this call's keys and values (B, Hkv, S, hd) are appended to it; holding (k, v) of a whole sequence
-        from an earlier call, the other positions' keys and values come from it (Fast-dLLM's cache, sample.py)."""
+        from an earlier call, the other positions' keys and values come from it (Fast-dLLM's cache, sample.py).
+        attn_rows (inference only): (qs, qe, rows): the attention probabilities of this call's queries qs .. qe - 1,
+        averaged over heads, (B, qe - qs, L_all), are appended to the list rows (sample.py's drift test)."""
         B, L, D = x.shape
         cos, sin = rope.real, rope.imag  # (L, hd) float32
         n = self.attn_norm(x)
@@ -223,6 +236,9 @@ class Block(nn.Module):
             (k_all, v_all), end = kv[0], start + L
             k = torch.cat([k_all[:, :, :start], k, k_all[:, :, end:]], dim=2)  # (B, Hkv, L_all, hd)
             v = torch.cat([v_all[:, :, :start], v, v_all[:, :, end:]], dim=2)
+        if attn_rows is not None:
+            qs, qe, rows = attn_rows
+            rows.append(attention_probs(q[:, :, qs:qe], k, key_mask).mean(1))  # (B, qe - qs, L_all)
         # grouped-query attention: kv head j serves query heads j*g .. j*g+g-1 (what enable_gqa does)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=False,
                                            enable_gqa=self.n_kv_heads != self.n_heads)
@@ -263,7 +279,7 @@ class LLaDA(nn.Module):
                 p.normal_(0.0, std, generator=generator)
         return self
 
-    def forward(self, input_ids, attention_mask=None, return_hidden=False, kv_cache=None, start=0):
+    def forward(self, input_ids, attention_mask=None, return_hidden=False, kv_cache=None, start=0, attn_rows=None):
         """input_ids (B, L); attention_mask (B, L), 1 = real token, 0 = padding (hidden from every query).
         Returns logits (B, L, V), or with return_hidden the final hidden states after ln_f (B, L, D).
 
@@ -271,7 +287,8 @@ class LLaDA(nn.Module):
         whole sequence. A filled one lets input_ids be a span: positions start .. start + S - 1 of the sequence the
         cache was made from; every other position's keys and values are the cached ones (stale where those tokens
         have changed since: the approximation of a cached sampler). attention_mask stays over the whole sequence.
-        Without kv_cache the forward is the plain one."""
+        Without kv_cache the forward is the plain one. attn_rows (inference only): (qs, qe, rows): each block appends
+        to the list rows its head-averaged attention probabilities of queries qs .. qe - 1 of input_ids (Block)."""
         tr = self.model.transformer
         B, L = input_ids.shape
         x = tr.wte(input_ids)  # (B, L, D)
@@ -291,9 +308,9 @@ class LLaDA(nn.Module):
             if self.activation_checkpointing and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, rope, key_mask, use_reentrant=False)
             elif kv_cache is not None:
-                x = block(x, rope, key_mask, kv=kv_cache[i], start=start)
+                x = block(x, rope, key_mask, kv=kv_cache[i], start=start, attn_rows=attn_rows)
             else:
-                x = block(x, rope, key_mask)
+                x = block(x, rope, key_mask, attn_rows=attn_rows)
         h = tr.ln_f(x)
         return h if return_hidden else self.head(h)
 

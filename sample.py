@@ -90,7 +90,8 @@ def transfer_index(confidence, k):
     return torch.zeros_like(confidence, dtype=torch.bool).scatter_(-1, top, keep)
 
 
-def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache=None, span=None):
+def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache=None, span=None,
+                  attn_rows=None):
     """Logits (N, V) at the N eligible positions (row-major order), with classifier-free guidance if cfg_scale > 0.
 
     One forward pass over the whole sequence gives hidden states; the LM head then runs on the eligible rows only.
@@ -99,7 +100,8 @@ def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, m
     as the official code does. The head is taken from `.module` under DDP, and the hidden states from calling
     the wrapper, so that DDP / FSDP see a forward.
     kv_cache, span (cached samplers): an empty list is filled with the keys and values of this forward; with a
-    filled one and span = (s, e), only positions s .. e - 1 run (eligible must lie inside them).
+    filled one and span = (s, e), only positions s .. e - 1 run (eligible must lie inside them). attn_rows: passed to
+    the model (LLaDA.forward), the query range relative to the span.
     """
     head = getattr(model, "module", model).head
     s, e = span or (0, x.shape[1])
@@ -107,10 +109,11 @@ def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, m
         un_x = x.masked_fill(prompt_index, mask_id)  # prompt masked: the unconditional input
         x = torch.cat([x, un_x], dim=0)  # (2B, L)
         attention_mask = None if attention_mask is None else torch.cat([attention_mask, attention_mask], dim=0)
+    probe = {} if attn_rows is None else {"attn_rows": attn_rows}
     if kv_cache is None:
-        h = model(x, attention_mask=attention_mask, return_hidden=True)  # (B or 2B, L, D)
+        h = model(x, attention_mask=attention_mask, return_hidden=True, **probe)  # (B or 2B, L, D)
     else:
-        h = model(x[:, s:e], attention_mask=attention_mask, return_hidden=True, kv_cache=kv_cache, start=s)
+        h = model(x[:, s:e], attention_mask=attention_mask, return_hidden=True, kv_cache=kv_cache, start=s, **probe)
     if cfg_scale <= 0:
         return head(h[eligible[:, s:e]])  # (N, V)
     B = len(eligible)
@@ -224,10 +227,45 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
 # The fast sampler (Fast-dLLM, arXiv 2505.22618): key/value cache and confidence-threshold parallel decoding
 
 
+def attention_drift(attn, built, tracked, reference, gamma, block_start):
+    """The attention-drift test of Elastic-Cache (Nguyen-Tri et al. 2025, arXiv 2510.14973, Sec. 3): the token the
+    block attends to most drifts least, so a change in its attention bounds the change of the others' from below.
+    attn (n_layers, B, Lb, L): this step's head-averaged attention probabilities of the block's Lb queries over all
+    L positions; built (B,) bool: the rows whose cache this step built. tracked (n_layers, B) long: the block token
+    each row tracks in each layer, reference (n_layers, B, L): its attention row when the row's cache was built
+    (None before the block's first step). A built row tracks this step's most attended block token from now on.
+    Returns drifted (B,) bool, True where the cosine similarity between the tracked token's row at the building step
+    and now is below gamma in some layer; and tracked, reference for the next step.
+    Elastic-Cache compares consecutive steps; comparing with the row at the cache's building step also catches a
+    drift that accumulates slowly, and kept the exact sampler's held-out accuracy in bench/README's table."""
+    n, B, Lb, L = attn.shape
+    received = attn[:, :, :, block_start:block_start + Lb].sum(2)  # (n_layers, B, Lb): what each block token receives
+    if tracked is None:
+        tracked, reference = received.argmax(-1), attn.new_zeros(n, B, L)
+    tracked = torch.where(built, received.argmax(-1), tracked)  # (n_layers, B)
+    now = attn.gather(2, tracked[:, :, None, None].expand(n, B, 1, L)).squeeze(2)  # (n_layers, B, L)
+    reference = torch.where(built[:, None], now, reference)
+    drifted = (F.cosine_similarity(now, reference, dim=-1) < gamma).any(0) & ~built  # (B,)
+    return drifted, tracked, reference
+
+
+def rebuild_rows(model, x, attention_mask, prompt_index, cfg_scale, mask_id, kv_cache, rows):
+    """Recompute the cached keys and values of the rows (B,) bool with a full forward of those rows alone, written
+    into kv_cache in place (under classifier-free guidance, their unconditional copies B + r too)."""
+    idx = rows.nonzero().squeeze(1)  # (k,)
+    fresh, none = [], torch.zeros_like(x[idx], dtype=torch.bool)  # no logits are needed
+    guided_logits(model, x[idx], None if attention_mask is None else attention_mask[idx], none, prompt_index[idx],
+                  cfg_scale, mask_id, fresh)
+    if cfg_scale > 0:
+        idx = torch.cat([idx, idx + len(x)])
+    for (k, v), ((k_new, v_new),) in zip((layer[0] for layer in kv_cache), fresh):
+        k[idx], v[idx] = k_new, v_new
+
+
 @torch.no_grad()
 def generate_cached(model, prompt, attention_mask=None, steps=128, gen_length=128, block_length=128, temperature=0.,
                     cfg_scale=0., remasking="low_confidence", mask_id=None, generator=None, cache="dual",
-                    threshold=None, refresh_cache_every_step=False, cache_refresh=None):
+                    threshold=None, refresh_cache_every_step=False, cache_refresh=None, cache_drift=None):
     """generate() made faster after Fast-dLLM (Wu et al. 2025, arXiv 2505.22618), at the cost of exactness. The
     arguments and random draws are generate()'s; cache=None with threshold=None is generate() itself.
 
@@ -246,12 +284,19 @@ def generate_cached(model, prompt, attention_mask=None, steps=128, gen_length=12
         rebuilds the cache, as the block's first step does; the others read it. None = only the block's first step
         (Fast-dLLM). With one block spanning the whole answer, the prompt's keys and values are otherwise never
         recomputed after the answer tokens decoded since; N = 1 runs every step in full (the exact tokens).
+    cache_drift: gamma in (0, 1]: an adaptive refresh, Elastic-Cache's drift test (attention_drift), row by row:
+        a row whose tracked token's attention drifted at a step gets its cache rebuilt at the next step (a full
+        forward of that row; rebuild_rows), and reads it as the others do. Elastic-Cache also recomputes only the
+        layers from the drifting one on, and keeps distant masks cached; here a drifting row is rebuilt whole.
     """
     mask_id = getattr(model, "module", model).config.mask_token_id if mask_id is None else mask_id
     check_generate_args(prompt, attention_mask, steps, gen_length, block_length, remasking, generator, cache,
                         threshold, where="generate_cached")
     if cache_refresh is not None and (cache is None or not isinstance(cache_refresh, int) or cache_refresh < 1):
         raise ValueError(f"sample.py generate_cached: cache_refresh={cache_refresh!r}; a whole number of steps >= 1, "
+                         "with a cache")
+    if cache_drift is not None and (cache is None or not 0 < cache_drift <= 1):
+        raise ValueError(f"sample.py generate_cached: cache_drift={cache_drift!r}; a cosine similarity in (0, 1], "
                          "with a cache")
     x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
     prompt_index = x != mask_id
@@ -266,7 +311,7 @@ def generate_cached(model, prompt, attention_mask=None, steps=128, gen_length=12
         num_transfer_tokens = get_num_transfer_tokens(x[:, block_start:block_end] == mask_id, steps)  # (B, steps)
         # without a cache, generate()'s eligible positions; a cached step sees the current block only
         in_block = positions < block_end if cache is None else (positions >= block_start) & (positions < block_end)
-        kv_cache = None
+        kv_cache, drifted, tracked, reference = None, None, None, None
         for i in range(steps if threshold is None else block_length):
             eligible = (x == mask_id) & in_block  # (B, L), N True in all
             if threshold is not None and not eligible.any():
@@ -276,10 +321,19 @@ def generate_cached(model, prompt, attention_mask=None, steps=128, gen_length=12
                 kv_cache = []  # a full forward stores every position's keys and values
                 if refresh_cache_every_step:  # fill it now; this step then reads it as a later step does
                     guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache)
+            elif drifted is not None and drifted.any():  # the drift test fired for these rows at the last step
+                rebuild_rows(model, x, attention_mask, prompt_index, cfg_scale, mask_id, kv_cache, drifted)
             reads_cache = cache is not None and (not full or refresh_cache_every_step)
             span = (block_start, block_end if cache == "dual" else L) if reads_cache else None
+            s = span[0] if span else 0  # the block's queries are block_start - s .. block_end - s of this forward
+            rows = None if cache_drift is None else (block_start - s, block_end - s, [])
             logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache,
-                                   span)  # (N, V)
+                                   span, rows)  # (N, V)
+            if rows is not None:
+                attn = torch.stack(rows[2])[:, :B]  # the conditional rows' attention, (n_layers, B, Lb, L)
+                built = torch.full((B,), full, device=x.device) if drifted is None or full else drifted
+                drifted, tracked, reference = attention_drift(attn, built, tracked, reference, cache_drift,
+                                                              block_start)
 
             # candidates and their confidence, drawn as in generate()
             V = logits.shape[-1]
@@ -337,6 +391,9 @@ def main(argv=None):
                    help="fast sampler: unmask every token more confident than this (parallel decoding; e.g. 0.9)")
     p.add_argument("--cache-refresh", type=int, default=None,
                    help="fast sampler: rebuild the --cache every N steps inside a block (default: at its first only)")
+    p.add_argument("--cache-drift", type=float, default=None,
+                   help="fast sampler: also rebuild a row's --cache when its attention drifts (Elastic-Cache's test: "
+                   "cosine similarity below this, e.g. 0.9)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
@@ -349,6 +406,10 @@ def main(argv=None):
         p.error(f"--threshold {args.threshold}: a confidence in [0, 1)")
     if not args.temperature >= 0 or not args.cfg_scale >= 0:
         p.error(f"--temperature {args.temperature} / --cfg-scale {args.cfg_scale}: must be 0 (off) or more")
+    if args.cache_refresh is not None and (args.cache == "none" or args.cache_refresh < 1):
+        p.error(f"--cache-refresh {args.cache_refresh}: a number of steps >= 1, with --cache prefix or dual")
+    if args.cache_drift is not None and (args.cache == "none" or not 0 < args.cache_drift <= 1):
+        p.error(f"--cache-drift {args.cache_drift}: a cosine similarity in (0, 1], with --cache prefix or dual")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: this machine has no CUDA device; use --device cpu")
 
@@ -386,7 +447,8 @@ def main(argv=None):
             out = generate(model, prompt, **kw)
         else:
             out = generate_cached(model, prompt, **kw, cache=None if args.cache == "none" else args.cache,
-                                  threshold=args.threshold, cache_refresh=args.cache_refresh)
+                                  threshold=args.threshold, cache_refresh=args.cache_refresh,
+                                  cache_drift=args.cache_drift)
         return decode_until_stop(tokenizer, out[0, len(ids):].tolist())
 
     if args.prompt is not None:

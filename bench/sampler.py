@@ -53,13 +53,20 @@ DEFAULTS = dict(batch=2, prompt_len=64, gen_length=256, block_length=32, steps=1
 # the fast sampler: its modes (name, cache, threshold; 0.9 is Fast-dLLM's default threshold) and the shapes it is
 # timed at, on the body-heavy model: the body-heavy bench shape, and d1's evaluation shape (prompt ~200, gen 256)
 THRESHOLD = 0.9
-# (name, cache, threshold, cache_refresh: rebuild the cache every N steps of a block, None = at its first only)
-FAST_MODES = [("exact", None, None, None), ("prefix", "prefix", None, None), ("dual", "dual", None, None),
-              ("dual+refresh8", "dual", None, 8), ("dual+refresh4", "dual", None, 4), ("dual+refresh2", "dual", None, 2),
-              ("exact+threshold", None, THRESHOLD, None), ("exact+threshold0.95", None, 0.95, None),
-              ("exact+threshold0.99", None, 0.99, None), ("prefix+threshold", "prefix", THRESHOLD, None),
-              ("dual+threshold", "dual", THRESHOLD, None), ("dual+threshold0.99", "dual", 0.99, None),
-              ("dual+refresh4+threshold0.99", "dual", 0.99, 4), ("dual+refresh2+threshold0.99", "dual", 0.99, 2)]
+# (name, cache, threshold, cache_refresh: rebuild the cache every N steps of a block, None = at its first only,
+# cache_drift: Elastic-Cache's drift test's gamma, None = off)
+FAST_MODES = [("exact", None, None, None, None), ("prefix", "prefix", None, None, None), ("dual", "dual", None, None, None),
+              ("dual+refresh8", "dual", None, 8, None), ("dual+refresh4", "dual", None, 4, None),
+              ("dual+refresh2", "dual", None, 2, None), ("dual+drift0.9", "dual", None, None, 0.9),
+              ("dual+drift0.99", "dual", None, None, 0.99), ("exact+threshold", None, THRESHOLD, None, None),
+              ("exact+threshold0.95", None, 0.95, None, None), ("exact+threshold0.99", None, 0.99, None, None),
+              ("prefix+threshold", "prefix", THRESHOLD, None, None), ("dual+threshold", "dual", THRESHOLD, None, None),
+              ("dual+threshold0.99", "dual", 0.99, None, None), ("dual+refresh4+threshold0.99", "dual", 0.99, 4, None),
+              ("dual+refresh2+threshold0.99", "dual", 0.99, 2, None),
+              ("dual+drift0.9+threshold0.99", "dual", 0.99, None, 0.9),
+              ("dual+drift0.99+threshold0.99", "dual", 0.99, None, 0.99),
+              ("dual+refresh2+drift0.99+threshold0.99", "dual", 0.99, 2, 0.99),
+              ("dual+refresh2+threshold0.995", "dual", 0.995, 2, None)]
 FAST_SHAPES = {"body-heavy": dict(prompt_len=64, gen_length=256, block_length=32, steps=128),
                "d1 eval shape": dict(prompt_len=200, gen_length=256, block_length=32, steps=128)}
 SMOKE_FAST_SHAPES = {"body-heavy": dict(prompt_len=8, gen_length=32, block_length=8, steps=16)}
@@ -155,20 +162,20 @@ def bench_fast(name, shapes, shape, a, device, dtype):
     prompt = torch.randint(0, shapes["vocab"] - 2, (a.batch, shape["prompt_len"]),
                            generator=torch.Generator().manual_seed(a.seed + 1)).to(device)
     kw = dict(steps=shape["steps"], gen_length=shape["gen_length"], block_length=shape["block_length"])
-    times, outs = {m: [] for m, _, _, _ in FAST_MODES}, {}
+    times, outs = {m: [] for m, *_ in FAST_MODES}, {}
     for r in range(a.repeats):
         order = FAST_MODES[r % len(FAST_MODES):] + FAST_MODES[:r % len(FAST_MODES)]
-        for mode, cache, threshold, refresh in order:
+        for mode, cache, threshold, refresh, drift in order:
             if cache is None and threshold is None:  # the exact sampler
                 run_mode = lambda: generate(model, prompt, **kw)  # noqa: E731
             else:
                 run_mode = lambda: generate_cached(model, prompt, cache=cache, threshold=threshold,  # noqa: E731
-                                                   cache_refresh=refresh, **kw)
+                                                   cache_refresh=refresh, cache_drift=drift, **kw)
             outs[mode], t = timed(run_mode, a.clock, device)
             times[mode].append(t)
     P, tokens = shape["prompt_len"], a.batch * shape["gen_length"]
     rows = []
-    for mode, _, _, _ in FAST_MODES:
+    for mode, *_ in FAST_MODES:
         ratios = [e / t for e, t in zip(times["exact"], times[mode])]
         agree = float((outs[mode][:, P:] == outs["exact"][:, P:]).float().mean())
         rows.append(dict(shape=name, mode=mode, tps=tokens / statistics.median(times[mode]),
@@ -191,11 +198,11 @@ def bench_sudoku(model_dir, a, device, dtype):
     model = LLaDA.from_pretrained(model_dir, dtype=dtype, device=device).eval()
     tokenizer = load_tokenizer(model_dir)
     rows, exact = [], None
-    for mode, cache, threshold, refresh in FAST_MODES:
+    for mode, cache, threshold, refresh, drift in FAST_MODES:
+        settings = {k: gift.EMBEDDED_EVAL[k] for k in ("prompt_style", "gen_length", "block_length", "steps")}
         (acc, records), t = timed(lambda: evaluate(model, tokenizer, items, "sudoku", cache=cache, threshold=threshold,
-                                                   cache_refresh=refresh, batch_size=64, **{k: gift.EMBEDDED_EVAL[k] for k in (
-                                                       "prompt_style", "gen_length", "block_length", "steps")}),
-                                  a.clock, device)
+                                                   cache_refresh=refresh, cache_drift=drift, batch_size=64,
+                                                   **settings), a.clock, device)
         exact = exact or records
         solved = sum(r["correct_cells"] == r["empty_cells"] for r in records) / len(records)
         same = sum(r["generation"] == e["generation"] for r, e in zip(records, exact)) / len(records)

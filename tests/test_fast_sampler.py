@@ -192,8 +192,14 @@ def test_sample_cli_fast_flags_and_checks(tmp_path, capsys):
     sample.main(common + ["--gen-length", "8", "--steps", "8", "--block-length", "4", "--cache", "dual",
                           "--threshold", "0.9"])
     assert capsys.readouterr().out
+    sample.main(common + ["--gen-length", "8", "--steps", "8", "--block-length", "8", "--cache", "dual",
+                          "--cache-drift", "0.9"])
+    assert capsys.readouterr().out
     for flags, message in ((["--gen-length", "0"], "--gen-length 0: must be at least 1"),
                            (["--threshold", "2"], "--threshold 2.0: a confidence in [0, 1)"),
+                           (["--cache-drift", "0.9"], "--cache-drift 0.9: a cosine similarity in (0, 1], with --cache"),
+                           (["--cache", "dual", "--cache-drift", "2"], "--cache-drift 2.0: a cosine similarity"),
+                           (["--cache-refresh", "2"], "--cache-refresh 2: a number of steps >= 1, with --cache"),
                            (["--cache", "all"], "invalid choice: 'all'")):
         with pytest.raises(SystemExit):
             sample.main(common + flags)
@@ -239,3 +245,111 @@ def test_a_bad_refresh_is_refused():
     for bad, cache in ((0, "dual"), (1.5, "dual"), (2, None)):
         with pytest.raises(ValueError, match="cache_refresh"):
             generate_cached(model, ids, gen_length=4, steps=4, block_length=4, cache=cache, cache_refresh=bad)
+
+
+# -----------------------------------------------------------------------------
+# The adaptive refresh (cache_drift): Elastic-Cache's attention-drift test, row by row
+
+
+def test_attention_probs_are_what_the_fused_kernel_weighs_the_values_with():
+    """model.attention_probs (the drift test's view of attention) times the values equals
+    scaled_dot_product_attention with grouped-query heads and padded keys, in float64."""
+    from model import attention_probs
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 3, 8, generator=g, dtype=torch.float64)  # (B, H, S, hd)
+    k, v = torch.randn(2, 2, 2, 6, 8, generator=g, dtype=torch.float64)  # (B, Hkv, L, hd) each: kv head j serves 2j, 2j+1
+    key_mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]
+    p = attention_probs(q, k, key_mask)  # (B, H, S, L)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=True)
+    torch.testing.assert_close(p.double() @ v.repeat_interleave(2, dim=1), want, rtol=1e-6, atol=1e-6)
+    assert torch.all(p[1, :, :, :2] == 0)  # padding receives nothing
+    torch.testing.assert_close(p.sum(-1), torch.ones(2, 4, 3, dtype=p.dtype))
+
+
+def test_the_model_reports_each_layers_attention_rows_for_the_queries_asked():
+    model = float64_model()
+    ids, mask = padded_batch()  # (3, 9)
+    rows = []
+    plain = model(ids, attention_mask=mask, return_hidden=True)
+    probed = model(ids, attention_mask=mask, return_hidden=True, attn_rows=(4, 7, rows))
+    assert torch.equal(probed, plain) and len(rows) == len(model.model.transformer.blocks)
+    for r in rows:
+        assert r.shape == (3, 3, 9)  # (B, queries 4 .. 6, every key)
+        assert torch.all(r[0, :, :4] == 0)  # row 0 has 4 padding positions
+        torch.testing.assert_close(r.sum(-1), torch.ones(3, 3, dtype=r.dtype))
+
+
+def test_attention_drift_by_hand():
+    """One layer, two rows, a block of 2 tokens at positions 2, 3 of 4. At the building step each row tracks the
+    block token its block attends to most; the next step flags a row whose tracked token's attention row turned
+    (cosine 0.6 < 0.9), not one whose row only scaled; a rebuilt row starts a new reference."""
+    from sample import attention_drift
+    e = torch.eye(4)
+    attn = torch.stack([torch.stack([e[3], e[3]]), torch.stack([e[2], e[0]])])[None]  # (1, B=2, Lb=2, L=4)
+    # row 0: both queries attend to position 3 (block token 1); row 1: query 0 attends to position 2 (block token 0)
+    built = torch.tensor([True, True])
+    drifted, tracked, reference = attention_drift(attn, built, None, None, 0.9, block_start=2)
+    assert drifted.tolist() == [False, False] and tracked.tolist() == [[1, 0]]
+    assert torch.equal(reference[0], torch.stack([e[3], e[2]]))
+    turned = torch.tensor([0.0, 0.0, 0.6, 0.8])  # cosine 0.6 with e[2]
+    attn2 = attn.clone()
+    attn2[0, 0, 1] = 0.5 * e[3] + 0.5 * e[3]  # row 0's tracked token: the same direction
+    attn2[0, 1, 0] = turned  # row 1's tracked token turned
+    drifted, tracked, reference = attention_drift(attn2, ~built, tracked, reference, 0.9, block_start=2)
+    assert drifted.tolist() == [False, True]
+    assert torch.equal(reference[0, 1], e[2])  # kept until the row is rebuilt
+    drifted, tracked, reference = attention_drift(attn2, torch.tensor([False, True]), tracked, reference, 0.9, 2)
+    assert drifted.tolist() == [False, False] and torch.equal(reference[0, 1], attn2[0, 1, tracked[0, 1]])
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+@pytest.mark.parametrize("kw", [dict(steps=8, block_length=4), dict(steps=8, block_length=8, threshold=0.5),
+                                dict(steps=8, block_length=4, cfg_scale=0.5, temperature=0.5)],
+                         ids=["b4", "threshold", "cfg"])
+def test_a_row_the_drift_test_flags_is_rebuilt_and_sees_the_exact_tokens(monkeypatch, cache, kw):
+    """With the test made to flag row 0 at every step, row 0's cache is rebuilt at every step (a full forward of that
+    row alone, written into the batch's cache): row 0 gets the exact sampler's tokens (without a threshold) or the
+    uncached threshold sampler's, and rows 1, 2 the plain cached sampler's, token for token."""
+    model = float64_model()
+    ids, mask = padded_batch()
+    real = sample.attention_drift
+
+    def row_zero(attn, built, tracked, reference, gamma, block_start):
+        drifted, tracked, reference = real(attn, built, tracked, reference, gamma, block_start)
+        return torch.tensor([True, False, False]), tracked, reference
+
+    def run(**fast):
+        return generate_cached(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3),
+                               **kw, **fast)
+
+    plain = run(cache=cache)
+    uncached = run(cache=None) if "threshold" in kw else generate(
+        model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3),
+        **{k: v for k, v in kw.items() if k != "threshold"})
+    monkeypatch.setattr(sample, "attention_drift", row_zero)
+    flagged = run(cache=cache, cache_drift=0.9)
+    assert torch.equal(flagged[0], uncached[0]) and torch.equal(flagged[1:], plain[1:])
+    assert not torch.equal(plain[0], uncached[0])  # the cache alone does change row 0 here: the test can fail
+
+
+def test_a_drift_threshold_of_zero_never_rebuilds(monkeypatch):
+    """Probabilities are non-negative, so no cosine is below a tiny gamma: nothing is rebuilt, the tokens are the
+    plain cache's; and gamma 1 rebuilds something."""
+    model = float64_model()
+    ids, mask = padded_batch()
+    rebuilt = []
+    real = sample.rebuild_rows
+    monkeypatch.setattr(sample, "rebuild_rows", lambda *a: (rebuilt.append(int(a[-1].sum())), real(*a)))
+    kw = dict(gen_length=16, steps=16, block_length=16, cache="dual")
+    assert torch.equal(generate_cached(model, ids, mask, cache_drift=1e-9, **kw), generate_cached(model, ids, mask, **kw))
+    assert rebuilt == []
+    generate_cached(model, ids, mask, cache_drift=1.0, **kw)
+    assert sum(rebuilt) > 0
+
+
+def test_a_bad_drift_threshold_is_refused():
+    model = float64_model()
+    ids = random_prompts(1, 4, 0)
+    for bad, cache in ((0, "dual"), (1.5, "dual"), (0.9, None)):
+        with pytest.raises(ValueError, match="cache_drift"):
+            generate_cached(model, ids, gen_length=4, steps=4, block_length=4, cache=cache, cache_drift=bad)
