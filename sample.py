@@ -17,7 +17,7 @@ sampler of Fast-dLLM (Wu et al. 2025, arXiv 2505.22618): a prefix or dual key/va
 steps, and confidence-threshold parallel decoding; it trades exactness for speed, with the same arguments and draws.
 
     python sample.py --model DIR [--adapter DIR] --prompt "..." [--gen-length 128 --steps 128 --block-length 32]
-    python sample.py --model DIR --prompt "..." --cache dual --threshold 0.9     # the fast sampler
+    python sample.py --model DIR --prompt "..." --cache dual --cache-refresh 2 --threshold 0.995   # the fast sampler
 """
 
 import argparse
