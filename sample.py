@@ -237,7 +237,7 @@ def attention_drift(attn, built, tracked, reference, gamma, block_start):
     Returns drifted (B,) bool, True where the cosine similarity between the tracked token's row at the building step
     and now is below gamma in some layer; and tracked, reference for the next step.
     Elastic-Cache compares consecutive steps; comparing with the row at the cache's building step also catches a
-    drift that accumulates slowly, and kept the exact sampler's held-out accuracy in bench/README's table."""
+    drift that accumulates slowly (bench/README.md, section 3b, has what each costs and keeps)."""
     n, B, Lb, L = attn.shape
     received = attn[:, :, :, block_start:block_start + Lb].sum(2)  # (n_layers, B, Lb): what each block token receives
     if tracked is None:
