@@ -1,40 +1,42 @@
-"""GIFT vs SFT at toy scale: the paper's regime -- full fine-tuning of a pretrained diffusion LM on a small
-set of harder examples for many epochs -- on 4x4 Sudoku, on a 2-core CPU, with seeds and honest error bars.
+"""GIFT vs SFT at toy scale: the paper's regime (GIFT, arXiv 2509.20863) -- full fine-tuning of a pretrained diffusion
+LM on a small set of harder examples for many epochs -- on two tasks, 4x4 Sudoku and toy Countdown, on a 2-core CPU,
+with several pre-trained bases, seeds and honest error bars.
 
-    python experiments/sudoku_gift_vs_sft.py            # the full run (plan and timing: experiments/README.md)
-    python experiments/sudoku_gift_vs_sft.py --smoke    # tiny sizes, one seed, two objectives, seconds (CI)
+    python experiments/gift_vs_sft.py                        # Sudoku, the full run (experiments/README.md)
+    python experiments/gift_vs_sft.py --task countdown       # Countdown, the full run
+    python experiments/gift_vs_sft.py --smoke                # tiny sizes, two bases, one seed: seconds (CI)
 
-What it does, in order (every step is the repo's own code path; nothing is re-implemented):
-  1. Data (data.py): the 288 solution grids are split, by grid, into training grids and held-out grids
-     (data.sudoku_split with test_grids=), so no held-out solution is ever seen in training. From the training grids:
-     a broad pre-training set (many puzzles, few to medium blanks) and a small fine-tuning set of harder puzzles
-     (more blanks); from the held-out grids: >= 1000 evaluation puzzles with the fine-tuning set's difficulty.
-  2. Base model ("pre-training"): a tiny LLaDA, randomly initialised, trained with the SFT loss on the broad set by
-     gift.train (the training loop of gift.py, fed a prompt/response JSONL). Saved once in <out>/base and reused by
-     every later invocation with the same settings.
-  3. Fine-tuning: for every objective and seed, gift.train from the SAME base (full fine-tuning, same data, the
+What it does, in order (every step is the repo's own code path; nothing is re-implemented). The task's own parts
+(data, grading, which answer positions carry the entropy) are in experiments/sudoku.py and experiments/countdown.py.
+  1. Data: pre-training examples (easier: Sudoku 2-8 blanks, Countdown 3 and 4 numbers), a small fine-tuning set
+     of harder ones (Sudoku 9-11 blanks, Countdown 4 numbers) and >= 1000 held-out examples of the fine-tuning
+     difficulty that no training set holds (Sudoku: split by solution grid; Countdown: by (numbers, target)).
+  2. Base models ("pre-training"): tiny LLaDAs, randomly initialised (one seed each), trained with the SFT loss on
+     the pre-training set by gift.train (the training loop of gift.py, fed a prompt/response JSONL). Each is saved
+     once in <out>/base<b> and reused by every later invocation with the same settings.
+  3. The cost of a step: each objective's optimizer step against SFT's, by bench/train_step.py's alternated timing
+     at the study's shapes (measure_step_costs), kept in <out>/costs.json (or given by --step-costs), so that the
+     equal-time budgets do not depend on the machine's load.
+  4. Fine-tuning: for every base, objective and seed, gift.train from that base (full fine-tuning, same data, the
      same data order and per-example noise seeds for a given seed across objectives: gift.epoch_order and
-     gift.example_generator depend only on --seed). Objectives: sft, gift, gift-elbo, gift-star, and gift with
-     --norm answer (GIFT's masking with SFT's normalisation, to separate the two changes).
+     gift.example_generator depend only on --seed). Objectives: sft, gift, gift-elbo, gift-star, gift with
+     --norm answer, gift with betas reused for 4 epochs or for ever.
      Budget 1, equal optimizer steps: every objective runs the same number of steps.
-     Budget 2, equal wall time: SFT gets the seconds GIFT took: steps = GIFT's steps x (GIFT's median measured
-     step time / SFT's), measured in this run (gift.train's metrics.jsonl; GIFT's no-grad entropy pass makes its
-     step slower). Every GIFT variant's equal-step run is compared with this longer SFT run.
-  4. Evaluation (eval.evaluate, prompt_style="plain", the 34-token answer generated exactly as gift.EMBEDDED_EVAL):
-     cell accuracy over the blank cells (d1's Sudoku metric, eval.grade_sudoku) with its binomial standard error,
-     and whole-puzzle accuracy.
-  5. Statistics over seeds: mean and standard deviation, and the paired per-seed difference to SFT (same seed =
-     same data order and noise) with a paired t-test and its 95% interval (Student t written with math.lgamma;
-     no scipy).
-  6. The mechanism (paper Figure 2 for Sudoku): how GIFT's betas evolve (metrics.jsonl: mean / spread over the
-     answer during training) and which answer positions carry high entropy: blank cells vs given cells vs the
-     fixed "<answer>...</answer><|eot_id|>" tokens, the share of each row's top-k entropies (k = its number of
-     blanks) that are blank cells, and a blank cell's beta by the number of digits its given peers leave open.
+     Budget 2, equal wall time: SFT runs steps x cost(gift) / cost(sft) steps, and steps x cost(gift-k4) / cost(sft)
+     (EQUAL_TIME); GIFT (resp. GIFT with K = 4) is compared with the SFT run that costs what it costs.
+  5. Evaluation (eval.evaluate, prompt_style="plain", the whole fixed-length answer as one block, one token per
+     step, as gift.EMBEDDED_EVAL): d1's graders, each metric with its binomial standard error.
+  6. Statistics over bases and seeds: mean and standard deviation, and the paired difference to SFT of the same
+     base and seed (same data order and noise) with a paired t-test and its 95% interval (Student t written with
+     math.lgamma; no scipy), the spread between bases apart from the spread between seeds.
+  7. The mechanism (paper Figure 2): how GIFT's betas evolve (metrics.jsonl) and which answer positions carry high
+     entropy, for the bases and along gift's training.
 
 Outputs in --out: results.csv (one row per run), summary.csv (one row per objective and budget, with the paired
-test), results.md (the tables), base/ (the pre-trained model), runs/<objective>-<budget>-seed<k>/ (metrics.jsonl,
-train.log, result.json, the final model and, for gift, its intermediate models). An interrupted run continues:
-finished runs (result.json with the same settings) and the base are reused.
+test), results.md (the tables), costs.json (the step costs), data/, base<b>/ (the pre-trained models),
+runs/base<b>/<objective>-<budget>-seed<k>/ (metrics.jsonl, train.log, result.json, the final model and, for gift,
+its intermediate models). An interrupted run continues: finished runs (result.json with the same settings), the
+bases and the step costs are reused.
 """
 
 import argparse
@@ -52,6 +54,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,15 +62,17 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repo's top-level files are plain modules
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # and so are the tasks beside this file
+import countdown  # noqa: E402
 import gift  # noqa: E402
-from data import (SUDOKU_ANSWER, SUDOKU_TASK_PROMPT, SUDOKU_UNITS, collate, encode, load_tokenizer,  # noqa: E402
-                  make_char_tokenizer, sudoku_examples, sudoku_split, tiny_config_for)
-from eval import SUDOKU_QUESTION, build_prompt, evaluate  # noqa: E402
+import sudoku  # noqa: E402
+from data import load_tokenizer, tiny_config_for  # noqa: E402
 from model import LLaDA  # noqa: E402
 
 # -----------------------------------------------------------------------------
 # Constants and the plan
 
+TASKS = {"sudoku": sudoku, "countdown": countdown}
 # run name -> (gift.py --loss, --norm, --beta-refresh-epochs); norm "" = the objective's default normalisation
 # (gift.DEFAULT_NORM); refresh 1 = the paper's entropy pass at every visit, 4 = betas reused for 4 epochs, 0 = never
 # recomputed (each example's betas from its first visit)
@@ -80,27 +85,45 @@ OBJECTIVES = {
     "gift-k4": ("gift", "", 4),
     "gift-kinf": ("gift", "", 0),
 }
-ANSWER_PREFIX = "<answer>"  # the answer is SUDOKU_ANSWER = "<answer>{16 digits}</answer>", then <|eot_id|>
-PEERS = [sorted({j for unit in SUDOKU_UNITS if c in unit for j in unit} - {c}) for c in range(16)]  # 7 per cell
+# the steps bench/train_step.py times against SFT's (gift-reuse: a gift step whose betas come from the cache of
+# --beta-refresh-epochs, no entropy pass); every objective's cost is made of them (objective_cost)
+COST_VARIANTS = ("gift", "gift-elbo", "gift-star", "gift-reuse")
+# equal wall time: budget -> the objective whose cost SFT is given; that objective is compared with that SFT run
+EQUAL_TIME = {"time": "gift", "time-k4": "gift-k4"}
+COST_LABEL = "cost x SFT, alternated timing (bench/train_step.py style) at the study's shapes"
 
 
 @dataclass
 class Plan:
-    """The full run's sizes (the defaults) -- see experiments/README.md for the timing estimate behind them."""
-    out: str = field(default="runs/sudoku-gift-vs-sft", metadata={"help": "output folder"})
+    """The full run's sizes (the defaults: Sudoku's; countdown.DEFAULTS changes some for --task countdown) -- see
+    experiments/README.md for the timing behind them."""
+    task: str = field(default="sudoku", metadata={"help": "the task", "choices": tuple(TASKS)})
+    out: str = field(default="runs/sudoku-gift-vs-sft", metadata={"help": "output folder (countdown: "
+                                                                         "runs/countdown-gift-vs-sft)"})
     # model (tiny_config_for: char-level vocabulary with LLaDA's special tokens)
     d_model: int = field(default=64, metadata={"help": "model width"})
     n_layers: int = field(default=3, metadata={"help": "transformer blocks"})
     n_heads: int = field(default=4, metadata={"help": "attention heads"})
     mlp: int = field(default=192, metadata={"help": "MLP hidden size"})
-    # data: split by solution grid
-    data_seed: int = field(default=0, metadata={"help": "seed of the grid split and of every puzzle draw"})
-    heldout_grids: int = field(default=64, metadata={"help": "solution grids (of 288) held out for evaluation"})
-    n_heldout: int = field(default=1000, metadata={"help": "held-out puzzles (from the held-out grids only)"})
-    n_base: int = field(default=20000, metadata={"help": "pre-training puzzles (training grids)"})
-    base_blanks: str = field(default="2,8", metadata={"help": "blanks per pre-training puzzle, low,high"})
-    n_ft: int = field(default=1000, metadata={"help": "fine-tuning puzzles (training grids)"})
-    ft_blanks: str = field(default="9,11", metadata={"help": "blanks per fine-tuning and held-out puzzle, low,high"})
+    # data
+    data_seed: int = field(default=0, metadata={"help": "seed of the split and of every example drawn"})
+    n_heldout: int = field(default=1000, metadata={"help": "held-out examples (none in any training set)"})
+    n_base: int = field(default=20000, metadata={"help": "pre-training examples"})
+    n_ft: int = field(default=1000, metadata={"help": "fine-tuning examples"})
+    # data: Sudoku (split by solution grid)
+    heldout_grids: int = field(default=64, metadata={"help": "sudoku: solution grids (of 288) held out for evaluation"})
+    base_blanks: str = field(default="2,8", metadata={"help": "sudoku: blanks per pre-training puzzle, low,high"})
+    ft_blanks: str = field(default="9,11", metadata={"help": "sudoku: blanks per fine-tuning and held-out puzzle, "
+                                                             "low,high"})
+    # data: Countdown (a problem is its numbers and target)
+    number_range: str = field(default="1,9", metadata={"help": "countdown: the numbers, low,high"})
+    base_numbers: str = field(default="3,4", metadata={"help": "countdown: numbers per pre-training problem (a list: "
+                                                             "drawn per problem, e.g. 3,3,4)"})
+    ft_numbers: str = field(default="4", metadata={"help": "countdown: numbers per fine-tuning and held-out problem"})
+    max_target: int = field(default=100, metadata={"help": "countdown: the largest target (and intermediate value)"})
+    number_order: str = field(default="expression", metadata={"help": "countdown: the prompt lists the numbers in "
+                                                                      "the order the training answer uses them, or "
+                                                                      "as drawn", "choices": ("expression", "drawn")})
     # pre-training (SFT loss, gift.train)
     base_steps: int = field(default=3000, metadata={"help": "pre-training optimizer steps"})
     base_batch: int = field(default=32, metadata={"help": "pre-training batch size"})
@@ -123,34 +146,43 @@ class Plan:
     skip_equal_time: bool = field(default=False, metadata={"help": "skip the equal-wall-time SFT runs"})
     checkpoints: int = field(default=4, metadata={"help": "gift runs: models kept along training for the entropy "
                                                           "analysis"})
+    # the cost of a step (equal wall time)
+    step_costs: str = field(default="", metadata={"help": "each step's cost x SFT's, e.g. gift=1.342,gift-elbo=1.151,"
+                                                          "gift-star=1.003,gift-reuse=0.991 (results.md prints the "
+                                                          "flag); default: <out>/costs.json, else measured"})
+    cost_rounds: int = field(default=41, metadata={"help": "rounds of alternated timing when the costs are measured"})
     # evaluation and analysis
-    eval_batch: int = field(default=64, metadata={"help": "held-out puzzles per generate() call"})
-    n_entropy: int = field(default=256, metadata={"help": "fine-tuning puzzles used for the entropy analysis"})
+    eval_batch: int = field(default=64, metadata={"help": "held-out examples per generate() call"})
+    n_entropy: int = field(default=256, metadata={"help": "fine-tuning examples used for the entropy analysis"})
     log_every: int = field(default=8, metadata={"help": "optimizer steps per metrics.jsonl line"})
     # machine
     workers: int = field(default=2, metadata={"help": "fine-tuning runs in parallel (processes)"})
     threads: int = field(default=1, metadata={"help": "torch threads per process, the base's included (more than one "
                                                       "thread per core collapses when the cores are shared)"})
-    smoke: bool = field(default=False, metadata={"help": "tiny sizes, one seed, sft and gift: seconds"})
+    smoke: bool = field(default=False, metadata={"help": "tiny sizes, two bases, one seed, sft / gift / gift-k4: "
+                                                         "seconds"})
 
 
 # --smoke: every size tiny; flags given on the command line still win
-SMOKE = dict(out="runs/sudoku-gift-vs-sft-smoke", d_model=32, n_layers=1, n_heads=2, mlp=64, heldout_grids=16,
-             n_heldout=16, n_base=64, n_ft=32, base_steps=4, base_batch=16, base_warmup=1, ft_epochs=3, ft_batch=16,
-             ft_warmup=1, bases="0,1", seeds="0", objectives="sft,gift,gift-k4", checkpoints=3, eval_batch=16,
-             n_entropy=16, log_every=1, workers=1)
+SMOKE = dict(d_model=32, n_layers=1, n_heads=2, mlp=64, heldout_grids=16, n_heldout=16, n_base=64, n_ft=32,
+             base_steps=4, base_batch=16, base_warmup=1, ft_epochs=3, ft_batch=16, ft_warmup=1, bases="0,1", seeds="0",
+             objectives="sft,gift,gift-k4", checkpoints=3, eval_batch=16, n_entropy=16, log_every=1, workers=1,
+             cost_rounds=3)
 
 
 def parse_plan(argv=None):
-    """Flags generated from Plan (as gift.parse_options does for TrainOptions); --smoke swaps in SMOKE's sizes
-    for the flags not given."""
-    parser = argparse.ArgumentParser(description="GIFT vs SFT on 4x4 Sudoku (experiments/README.md)")
+    """Flags generated from Plan (as gift.parse_options does for TrainOptions); the task's defaults, then --smoke's
+    sizes, for the flags not given."""
+    parser = argparse.ArgumentParser(description="GIFT vs SFT on 4x4 Sudoku or toy Countdown (experiments/README.md)")
     given = gift.parse_dataclass_flags(parser, Plan, argv)
     plan = Plan(**given)
+    task = TASKS[plan.task]
+    defaults = dict(task.DEFAULTS, **(SMOKE if plan.smoke else {}))
     if plan.smoke:
-        for k, v in SMOKE.items():
-            if k not in given:
-                setattr(plan, k, v)
+        defaults["out"] = f"runs/{plan.task}-gift-vs-sft-smoke"
+    for k, v in defaults.items():
+        if k not in given:
+            setattr(plan, k, v)
     unknown = [o for o in objective_names(plan) if o not in OBJECTIVES]
     if unknown:
         parser.error(f"--objectives: unknown {unknown}; choose from {', '.join(OBJECTIVES)}")
@@ -159,13 +191,14 @@ def parse_plan(argv=None):
             assert id_list(getattr(plan, name))
         except (ValueError, AssertionError):
             parser.error(f"--{name} {getattr(plan, name)!r}: expected comma-separated integers, e.g. 0,1,2")
-    for name in ("base_blanks", "ft_blanks"):
+    task.check_plan(plan, parser.error)
+    if plan.step_costs:
         try:
-            low, high = blanks(getattr(plan, name))
-            assert 1 <= low <= high <= 12
-        except (ValueError, AssertionError):
-            parser.error(f"--{name.replace('_', '-')} {getattr(plan, name)!r}: expected low,high with "
-                         "1 <= low <= high <= 12, e.g. 9,11")
+            parse_costs(plan.step_costs)
+        except ValueError as e:
+            parser.error(f"--step-costs {plan.step_costs!r}: {e}")
+    if plan.cost_rounds < 1:
+        parser.error(f"--cost-rounds {plan.cost_rounds}: must be at least 1")
     return plan
 
 
@@ -177,52 +210,95 @@ def id_list(text):
     return sorted({int(x) for x in text.split(",") if x.strip()})
 
 
-def blanks(text):
-    low, high = (int(x) for x in text.split(","))
-    return low, high
+def task_fields(plan):
+    """The Plan fields the task's functions read in a worker (its own and n_entropy)."""
+    task = TASKS[plan.task]
+    return {k: getattr(plan, k) for k in task.PLAN_FIELDS + ("n_entropy",)}
 
 
 # -----------------------------------------------------------------------------
-# Data: split by solution grid, written as the files gift.train and the workers read
+# The cost of a step: alternated timing (bench/train_step.py) at the study's shapes
 
 
-def build_data(plan, folder):
-    """Pre-training, fine-tuning and held-out puzzles; the first two as prompt/response JSONL (data.py's Sudoku
-    prompt and answer, so gift.train tokenizes them exactly as data.sudoku_examples does) and everything as
-    (puzzle, solution) pairs in data.json. Held-out puzzles come only from held-out grids."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ft, heldout = sudoku_split(plan.n_ft, plan.n_heldout, blanks(plan.ft_blanks), seed=plan.data_seed,
-                               test_grids=plan.heldout_grids)
-    # the same seed permutes the grids the same way, so the same grids are held out; n_ft extra puzzles are drawn
-    # so that the fine-tuning puzzles can be removed (fine-tuning data = puzzles the base has not seen)
-    base, _ = sudoku_split(plan.n_base + plan.n_ft, 0, blanks(plan.base_blanks), seed=plan.data_seed,
-                           test_grids=plan.heldout_grids)
-    ft_puzzles = {p for p, _ in ft}
-    base = [pair for pair in base if pair[0] not in ft_puzzles][:plan.n_base]
-    leaked = {s for _, s in heldout} & {s for _, s in base + ft}
-    if leaked:
-        raise RuntimeError(f"experiments: {len(leaked)} held-out solution grids appear in the training data")
-    for name, pairs in (("base", base), ("finetune", ft)):
-        with open(folder / f"{name}.jsonl", "w") as f:
-            for p, s in pairs:
-                f.write(json.dumps({"prompt": SUDOKU_TASK_PROMPT.format(puzzle=p),
-                                    "response": SUDOKU_ANSWER.format(solution=s)}) + "\n")
-    (folder / "data.json").write_text(json.dumps({"base": base, "finetune": ft, "heldout": heldout}))
-    return base, ft, heldout
+def parse_costs(text):
+    """--step-costs "gift=1.342,gift-elbo=1.151,gift-star=1.003,gift-reuse=0.991" -> {variant: cost x SFT}."""
+    costs = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        try:
+            costs[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"{part!r} is not name=number") from None
+    if sorted(costs) != sorted(COST_VARIANTS):
+        raise ValueError(f"expected each of {', '.join(COST_VARIANTS)} once, got {', '.join(costs)}")
+    if not all(math.isfinite(v) and v > 0 for v in costs.values()):
+        raise ValueError("costs must be positive numbers")
+    return costs
 
 
-def heldout_items(heldout):
-    """eval.evaluate items: the embedded task's question (gift.evaluate_embedded uses the same)."""
-    return [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
+def format_costs(costs):
+    return ",".join(f"{k}={costs[k]:.3f}" for k in COST_VARIANTS)
 
 
-def check_prompts(tokenizer, pairs):
-    """The prompt the model is trained on (data.py's SUDOKU_TASK_PROMPT through the chat format) must be the prompt
-    eval.py builds for prompt_style="plain" (SUDOKU_QUESTION, whose trailing newline the chat format strips)."""
-    (ids, prompt_len), = sudoku_examples(tokenizer, pairs[:1])
-    item = heldout_items(pairs[:1])[0]
-    if encode(tokenizer, build_prompt("sudoku", item, "plain")) != list(ids[:prompt_len]):
-        raise RuntimeError("experiments: the training prompt differs from eval.py's plain prompt")
+def measure_step_costs(shapes, rounds, log_path):
+    """Each variant's step time over SFT's, from bench/train_step.py itself: gift.train_step on one batch of the
+    study's shapes (model sizes, vocabulary, batch, sequence and prompt length; full fine-tuning, float32, one
+    thread, process CPU time), the variants alternated in rounds (ABCD, DCBA, ...) so that a shared machine's drift
+    hits all alike, the median of the per-round ratios. Rounded to 3 decimals: the numbers stored and printed are the
+    numbers used, so a rerun given them (--step-costs) computes the same budgets."""
+    from bench import train_step as bench  # here: only a run that measures imports the benchmark
+    argv = ["--d-model", str(shapes["d_model"]), "--n-heads", str(shapes["n_heads"]), "--n-layers",
+            str(shapes["n_layers"]), "--mlp", str(shapes["mlp"]), "--vocab", str(shapes["vocab"]), "--seq",
+            str(shapes["seq"]), "--batch", str(shapes["batch"]),
+            "--prompt-frac", repr((shapes["prompt_len"] + 0.5) / shapes["seq"]),  # int(seq x frac) = prompt_len
+            "--losses", ",".join(("sft",) + COST_VARIANTS), "--modes", "full", "--no-memory", "--repeats", str(rounds),
+            "--warmup", "2", "--clock", "cpu", "--threads", "1"]
+    threads = torch.get_num_threads()
+    with open(log_path, "w") as log, contextlib.redirect_stdout(log):
+        print("python bench/train_step.py " + " ".join(argv))
+        rows = bench.run(bench.parse_args(argv))
+    torch.set_num_threads(threads)
+    return {r["loss"]: round(r["ratio"], 3) for r in rows if r["loss"] in COST_VARIANTS}
+
+
+def objective_cost(name, costs, epochs):
+    """An objective's average step cost x SFT's over a run of `epochs` epochs, from the variants' costs. gift with
+    --beta-refresh-epochs K runs its entropy pass in 1 of every K epochs (K = 0: the first only) and reuses the
+    betas otherwise: K = 4 over 20 epochs costs (gift + 3 gift-reuse) / 4. gift-star's one pass over the data with
+    the frozen base (gift.initial_model_betas) costs one epoch of entropy passes, spread over the run."""
+    loss, _, refresh = OBJECTIVES[name]
+    if loss == "sft":
+        return 1.0
+    if loss == "gift-star":
+        return costs["gift-star"] + (costs["gift"] - costs["gift-reuse"]) / epochs
+    if loss == "gift-elbo":
+        return costs["gift-elbo"]
+    passes = epochs if refresh == 1 else 1 if refresh == 0 else math.ceil(epochs / refresh)
+    return (passes * costs["gift"] + (epochs - passes) * costs["gift-reuse"]) / epochs
+
+
+def equal_time_steps(steps, costs, epochs, names):
+    """{budget: SFT's steps} for each equal-time budget whose objective runs: round(steps x its cost / SFT's)."""
+    return {budget: round(steps * objective_cost(name, costs, epochs)) for budget, name in EQUAL_TIME.items()
+            if name in names}
+
+
+def step_costs(plan, out, shapes):
+    """The variants' costs: --step-costs if given, else <out>/costs.json if it was measured at these shapes, else
+    measured now (measure_step_costs). Written (back) to <out>/costs.json."""
+    path = out / "costs.json"
+    stored = json.loads(path.read_text()) if path.exists() else None
+    if plan.step_costs:
+        record = dict(variants=parse_costs(plan.step_costs), source="given (--step-costs)", shapes=shapes)
+    elif stored and stored["shapes"] == shapes:
+        return stored
+    else:
+        t0 = time.time()
+        record = dict(variants=measure_step_costs(shapes, plan.cost_rounds, out / "costs.log"),
+                      source=f"measured on {cpu_name()}, torch {torch.__version__}, {time.time() - t0:.0f} s",
+                      shapes=shapes)
+    path.write_text(json.dumps(record, indent=1))
+    return record
 
 
 # -----------------------------------------------------------------------------
@@ -302,74 +378,16 @@ def binomial_se(p, n):
     return 100.0 * math.sqrt(max(p * (1 - p), 0.0) / max(n, 1))
 
 
-# -----------------------------------------------------------------------------
-# Evaluation and the entropy analysis
 
 
-def evaluate_heldout(model, tokenizer, heldout, batch_size):
-    """Held-out accuracy with eval.evaluate (greedy, the 34-token answer in 34 steps as gift.EMBEDDED_EVAL):
-    cell accuracy over blanks (d1's metric) with its binomial SE, and whole-puzzle accuracy."""
-    settings = {k: gift.EMBEDDED_EVAL[k] for k in ("prompt_style", "gen_length", "block_length", "steps")}
-    t0 = time.time()
-    _, records = evaluate(model, tokenizer, heldout_items(heldout), "sudoku", batch_size=batch_size, **settings)
-    correct = [r["correct_cells"] for r in records]
-    empty = [r["empty_cells"] for r in records]
-    cell = sum(correct) / sum(empty)
-    solved = sum(c == e for c, e in zip(correct, empty)) / len(records)
-    return dict(cell_acc=100 * cell, cell_se=binomial_se(cell, sum(empty)), puzzle_acc=100 * solved,
-                puzzle_se=binomial_se(solved, len(records)), n_cells=sum(empty), n_puzzles=len(records),
-                correct_cells=correct, eval_s=time.time() - t0)
-
-
-@torch.no_grad()
-def entropy_by_position(model, tokenizer, pairs, batch_size=64):
-    """Which answer positions get high entropy (paper Figure 2, for Sudoku). gift.entropy_betas (Algorithm 1: the
-    whole answer masked, beta_i = H_i^0.5) on fine-tuning puzzles, grouped by what the position holds: a blank
-    cell, a given cell (copied from the prompt), or the fixed tokens ("<answer>", "</answer>", <|eot_id|>).
-    Also: the share of each row's k highest betas (k = its blanks) that are blank cells, the blank cells' mean
-    r_i = beta_i / beta_ref (GIFT's masking-rate multiplier, Theorem 1), and a blank cell's beta by the number
-    of digits its given peers leave open (1 = forced by its row / column / box)."""
-    model.eval()
-    pad = model.config.pad_token_id
-    offset = len(encode(tokenizer, ANSWER_PREFIX))
-    sums = dict(blank=[0.0, 0], given=[0.0, 0], fixed=[0.0, 0], ratio_blank=[0.0, 0], topk_blank=[0.0, 0])
-    by_open = {str(k): [0.0, 0] for k in range(1, 5)}  # str keys: the result goes through JSON
-    for start in range(0, len(pairs), batch_size):
-        chunk = pairs[start:start + batch_size]
-        input_ids, answer_mask = collate(sudoku_examples(tokenizer, chunk), pad)  # (B, L), (B, L)
-        beta = gift.first_pass_betas(model, "entropy", input_ids, answer_mask, model.config.mask_token_id)  # (B, L)
-        for row, (puzzle, solution) in enumerate(chunk):
-            start_cells = int((~answer_mask[row]).sum()) + offset
-            cells = torch.arange(start_cells, start_cells + 16)
-            assert tokenizer.decode(input_ids[row, cells].tolist()) == solution  # the layout assumption
-            b_row = beta[row]
-            b_answer = b_row[answer_mask[row]]
-            beta_ref = float(b_answer.mean())
-            is_blank = torch.tensor([ch == "0" for ch in puzzle])
-            fixed = answer_mask[row].clone()
-            fixed[cells] = False
-            for name, values in (("blank", b_row[cells][is_blank]), ("given", b_row[cells][~is_blank]),
-                                 ("fixed", b_row[fixed])):
-                sums[name][0] += float(values.sum())
-                sums[name][1] += len(values)
-            if beta_ref > 0:
-                sums["ratio_blank"][0] += float(b_row[cells][is_blank].sum()) / beta_ref
-                sums["ratio_blank"][1] += int(is_blank.sum())
-            k = int(is_blank.sum())
-            top = torch.topk(b_row.masked_fill(~answer_mask[row], -1.0), k).indices
-            blank_positions = set(cells[is_blank].tolist())
-            sums["topk_blank"][0] += sum(int(i) in blank_positions for i in top) / max(k, 1)
-            sums["topk_blank"][1] += 1
-            for c in range(16):
-                if puzzle[c] == "0":
-                    n_open = 4 - len({puzzle[j] for j in PEERS[c]} - {"0"})
-                    by_open[str(n_open)][0] += float(b_row[cells[c]])
-                    by_open[str(n_open)][1] += 1
-    mean = {k: (s / n if n else math.nan) for k, (s, n) in sums.items()}
-    return dict(beta_blank=mean["blank"], beta_given=mean["given"], beta_fixed=mean["fixed"],
-                ratio_blank=mean["ratio_blank"], topk_blank_share=mean["topk_blank"],
-                beta_blank_by_open={k: (s / n if n else math.nan) for k, (s, n) in by_open.items()},
-                count_by_open={k: n for k, (_, n) in by_open.items()})
+def grades(task, evaluation):
+    """A task's held-out counts -> each metric in percent with its binomial SE (and the task's other fields)."""
+    out = {k: v for k, v in evaluation.items() if k != "counts"}
+    for key, se_key, _, _ in task.METRICS:
+        hits, trials = evaluation["counts"][key]
+        p = hits / trials
+        out[key], out[se_key] = 100 * p, binomial_se(p, trials)
+    return out
 
 
 # -----------------------------------------------------------------------------
@@ -437,18 +455,19 @@ def reusable(path, spec, commit, reuse_other_commit):
 
 
 def build_base(plan, b, folder, data_dir, commit):
-    """Base b: a random tiny LLaDA (seed base_seed + b; saved as a Hugging Face folder with the char tokenizer),
-    trained with the SFT loss on the broad set by gift.train. Reused when <folder>/base.json has the same
-    settings."""
-    spec = {k: getattr(plan, k) for k in ("d_model", "n_layers", "n_heads", "mlp", "data_seed", "heldout_grids",
-                                          "n_base", "base_blanks", "n_ft", "ft_blanks", "base_steps", "base_batch",
-                                          "base_lr", "base_warmup")}
+    """Base b: a random tiny LLaDA (seed base_seed + b; saved as a Hugging Face folder with the task's char
+    tokenizer), trained with the SFT loss on the pre-training set by gift.train. Reused when <folder>/base.json has
+    the same settings."""
+    task = TASKS[plan.task]
+    spec = {k: getattr(plan, k) for k in ("task", "d_model", "n_layers", "n_heads", "mlp", "data_seed", "n_heldout",
+                                          "n_base", "n_ft") + task.PLAN_FIELDS + ("base_steps", "base_batch",
+                                                                                   "base_lr", "base_warmup")}
     spec["seed"] = plan.base_seed + b
     meta = reusable(folder / "base.json", spec, commit, plan.reuse_other_commit)
     if meta:
         return folder / "model", meta, True
     shutil.rmtree(folder, ignore_errors=True)
-    tokenizer = make_char_tokenizer()
+    tokenizer = task.make_tokenizer()
     config = tiny_config_for(tokenizer, d_model=plan.d_model, n_heads=plan.n_heads, n_kv_heads=plan.n_heads,
                              n_layers=plan.n_layers, mlp_hidden_size=plan.mlp, max_sequence_length=256)
     init = LLaDA(config).init_weights(torch.Generator().manual_seed(spec["seed"]))
@@ -469,20 +488,21 @@ def build_base(plan, b, folder, data_dir, commit):
 
 
 def prepare_base(plan_fields, b, commit):
-    """Base b pre-trained (or reused), then evaluated on the held-out puzzles and analysed (entropy by position).
+    """Base b pre-trained (or reused), then evaluated on the held-out set and analysed (entropy by position).
     Returns (b, its model folder, its base.json)."""
     plan = Plan(**plan_fields)
+    task = TASKS[plan.task]
     torch.set_num_threads(plan.threads)
     out = Path(plan.out)
     folder = out / f"base{b}"
     base_dir, meta, reused = build_base(plan, b, folder, out / "data", commit)
-    data_key = {k: getattr(plan, k) for k in ("data_seed", "heldout_grids", "n_heldout", "n_ft", "ft_blanks",
-                                              "eval_batch", "n_entropy")}  # what the held-out and analysis use
+    data_key = {k: getattr(plan, k) for k in ("data_seed", "n_heldout", "n_ft", "eval_batch", "n_entropy")
+                + task.PLAN_FIELDS}  # what the held-out evaluation and the analysis use
     if meta.get("data_key") != data_key:
         data = json.loads((out / "data" / "data.json").read_text())
         model, tokenizer = LLaDA.from_pretrained(base_dir), load_tokenizer(base_dir)
-        meta["eval"] = evaluate_heldout(model, tokenizer, data["heldout"], plan.eval_batch)
-        meta["entropy"] = entropy_by_position(model, tokenizer, data["finetune"][:plan.n_entropy])
+        meta["eval"] = grades(task, task.evaluate_heldout(model, tokenizer, data["heldout"], plan.eval_batch, plan))
+        meta["entropy"] = task.entropy_by_position(model, tokenizer, data["finetune"][:plan.n_entropy], plan)
         meta["data_key"] = data_key
         (folder / "base.json").write_text(json.dumps(meta, indent=1))
     meta["reused"] = reused
@@ -494,6 +514,7 @@ def run_one(spec, commit, reuse_other_commit):
     training and, for gift, the entropy analysis at the kept checkpoints. Returns (and writes) result.json;
     a finished run with the same spec is read back instead."""
     torch.set_num_threads(spec["threads"])
+    task, fields = TASKS[spec["task"]], types.SimpleNamespace(**spec["task_fields"])
     out = Path(spec["out"])
     result_path = out / "result.json"
     result = reusable(result_path, spec, commit, reuse_other_commit)
@@ -514,13 +535,14 @@ def run_one(spec, commit, reuse_other_commit):
     result = dict(spec=spec, commit=commit, steps=metrics[-1]["step"], step_time_s=step_time(metrics),
                   loop_s=metrics[-1]["elapsed_s"], train_s=train_s, final_loss=metrics[-1]["loss"],
                   betas=[(r["step"], r["beta_mean"], r["beta_std"]) for r in metrics if "beta_mean" in r])
-    result.update(evaluate_heldout(model, tokenizer, data["heldout"], spec["eval_batch"]))
+    result.update(grades(task, task.evaluate_heldout(model, tokenizer, data["heldout"], spec["eval_batch"], fields)))
     if keep > 1:  # the mechanism: entropies by position along training
         pairs = data["finetune"][:spec["n_entropy"]]
         result["entropy"] = []
         for ckpt in sorted((out / "checkpoints").glob("step-*")):
             m = LLaDA.from_pretrained(ckpt / "model")
-            result["entropy"].append((int(ckpt.name.split("-")[1]), entropy_by_position(m, tokenizer, pairs)))
+            result["entropy"].append((int(ckpt.name.split("-")[1]), task.entropy_by_position(m, tokenizer, pairs,
+                                                                                             fields)))
     for ckpt in (out / "checkpoints").glob("step-*"):  # keep the models, drop the optimizer states
         shutil.rmtree(ckpt / "train_state", ignore_errors=True)
     tmp = result_path.with_suffix(".tmp")
@@ -533,25 +555,18 @@ def _init_worker(threads):
     torch.set_num_threads(threads)
 
 
-def run_all(first, second, workers, threads, on_done, commit, reuse_other_commit):
-    """Run the `first` specs, then second(results) once every sft and gift run of `first` is done (the equal-time
-    budget needs their measured step times), with `workers` processes side by side (1 = in this process)."""
+def run_all(specs, workers, threads, on_done, commit, reuse_other_commit):
+    """Every spec, in order, with `workers` processes side by side (1 = in this process)."""
     results = []
-    key = ("name", "base", "seed")
-    gate = [tuple(s[k] for k in key) for s in first if s["name"] in ("sft", "gift")]
     if workers <= 1:
-        for s in first:
-            results.append(run_one(s, commit, reuse_other_commit))
-            on_done(results[-1])
-        for s in second(results):
+        for s in specs:
             results.append(run_one(s, commit, reuse_other_commit))
             on_done(results[-1])
         return results
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                                 initargs=(threads,)) as pool:
-        pending = {pool.submit(run_one, s, commit, reuse_other_commit): s for s in first}
-        released = False
+        pending = {pool.submit(run_one, s, commit, reuse_other_commit): s for s in specs}
         while pending:
             done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in done:
@@ -561,10 +576,6 @@ def run_all(first, second, workers, threads, on_done, commit, reuse_other_commit
                     raise fut.exception()
                 results.append(fut.result())
                 on_done(results[-1])
-            finished = {tuple(r["spec"][k] for k in key) for r in results}
-            if not released and all(g in finished for g in gate):
-                released = True
-                pending.update({pool.submit(run_one, s, commit, reuse_other_commit): s for s in second(results)})
     return results
 
 
@@ -613,96 +624,112 @@ def paired_columns(metric, diffs):
             f"d_{metric}_p_bases": paired_test(base_means, [0.0] * len(base_means))["p"]}
 
 
-def summarize(results):
-    """Per (budget, objective): mean / std over every (base, seed) run, the median step time and its ratio to SFT
-    of the same base and seed, and paired_columns of the difference to the SFT run of the same base, seed and budget
-    (equal steps: sft; equal wall time: the longer sft-time run). A list of summary rows."""
+def summarize(results, task=sudoku, costs=None, epochs=1):
+    """Per (budget, objective): mean / std over every (base, seed) run, the median step time, the objective's cost
+    x SFT (objective_cost of the variants' costs; NaN without them), and paired_columns of the difference to the
+    SFT run of the same base, seed and budget (equal steps: sft; equal wall time: the SFT run at the cost of the
+    budget's objective, which is compared with it -- every objective for "time", gift-k4 alone for "time-k4").
+    A list of summary rows."""
     by = {}
     for r in results:
         s = r["spec"]
         by.setdefault((s["budget"], s["name"]), {})[pair_key(s)] = r
     names = [n for n in OBJECTIVES if ("steps", n) in by]
-    sft_steps = by.get(("steps", "sft"), {})
     rows = []
-    for budget in ("steps", "time"):
+    for budget in ("steps",) + tuple(EQUAL_TIME):
         ref = by.get((budget, "sft"))
         if ref is None:
             continue
-        for name in names:
+        compared = ["sft", "gift-k4"] if budget == "time-k4" else names
+        for name in [n for n in names if n in compared]:
             runs = ref if name == "sft" else by[("steps", name)]
             keys = sorted(runs)
-            ratios = [runs[k]["step_time_s"] / sft_steps[k]["step_time_s"] for k in keys if k in sft_steps]
             row = dict(budget=budget, objective=name, n_bases=len({b for b, _ in keys}), n_runs=len(keys),
                        steps=statistics.median(runs[k]["steps"] for k in keys),
                        step_time_s=statistics.median(runs[k]["step_time_s"] for k in keys),
-                       step_time_vs_sft=statistics.median(ratios) if ratios else math.nan,
+                       cost_vs_sft=objective_cost(name, costs, epochs) if costs else math.nan,
                        loop_s=statistics.median(runs[k]["loop_s"] for k in keys))
-            for metric in ("cell_acc", "puzzle_acc"):
+            for metric, se, _, _ in task.METRICS:
                 row[metric + "_mean"], row[metric + "_std"] = mean_std([runs[k][metric] for k in keys])
-            row["cell_se_binomial"] = statistics.mean(runs[k]["cell_se"] for k in keys)
-            row["puzzle_se_binomial"] = statistics.mean(runs[k]["puzzle_se"] for k in keys)
+            for metric, se, _, _ in task.METRICS:
+                row[se + "_binomial"] = statistics.mean(runs[k][se] for k in keys)
             if name != "sft":
-                for metric in ("cell_acc", "puzzle_acc"):
+                for metric, _, _, _ in task.METRICS:
                     row.update(paired_columns(metric, {k: runs[k][metric] - ref[k][metric] for k in keys if k in ref}))
             rows.append(row)
     return rows
 
 
-def markdown(plan, command, commit, summary, results, bases, wall_s, equal_time):
-    """results.md: provenance, the bases, the two budgets' tables, the K trade-off, the betas' evolution and the
-    entropy by position."""
-    lines = ["# GIFT vs SFT on 4x4 Sudoku: results", ""]
+def markdown(plan, command, commit, summary, results, bases, wall_s, costs, budgets, steps):
+    """results.md: provenance, the step costs, the bases, the budgets' tables, the K trade-off, the betas' evolution
+    and the entropy by position."""
+    task = TASKS[plan.task]
+    (m1, se1, label1, short1), (m2, se2, label2, short2) = task.METRICS
+    lines = [f"# GIFT vs SFT on {task.TITLE}: results", ""]
     lines.append(f"Command: `{command}`  ")
     others = sorted(({r.get("commit") for r in results} | {m.get("commit") for _, m in bases.values()}) - {commit})
     lines.append(f"Commit: `{commit}`" + (f" (**runs reused from other commits: {others}**)" if others else "") + "  ")
-    lines.append("Settings: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(plan).items()) + "  ")
+    other_tasks = {k for t in TASKS.values() if t is not task for k in t.PLAN_FIELDS}
+    lines.append("Settings: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(plan).items()
+                                          if k not in other_tasks) + "  ")
     lines.append(f"Machine: {cpu_name()}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, "
                  f"{plan.workers} worker process(es) x {plan.threads} thread(s). Total wall time {wall_s / 60:.1f} min.")
     any_eval = next(iter(bases.values()))[1]["eval"]
-    lines += ["", f"Held-out: {any_eval['n_puzzles']} puzzles ({any_eval['n_cells']} blank cells) from "
-              f"{plan.heldout_grids} solution grids never seen in training. Cell accuracy = correct blanks / blanks "
-              "(d1's metric); SE = binomial standard error of one run's accuracy on this held-out set (cells of one "
-              "puzzle are not independent, so it is a lower bound); mean +- sd over every (base, seed) run. delta = "
+    lines += ["", f"Held-out: {task.describe_heldout(plan, any_eval)}; mean +- sd over every (base, seed) run. delta = "
               "paired difference to SFT of the same base, seed and budget: mean over all pairs, 95% t interval and "
               "paired t-test p over all pairs; sd bases = spread of the per-base mean differences (base-to-base), "
               "sd seeds = pooled spread between seeds of one base; p bases = t-test over the per-base means (one "
-              "value per independently pre-trained base: the conservative test). x SFT = median ratio of the step "
-              "time to SFT's of the same base and seed (runs side by side on a shared machine: indicative; "
-              "bench/train_step.py measures it properly).", ""]
-    lines += ["## Base models", "", "| base | init seed | pre-training s | cell acc % | SE | whole puzzles % |",
+              "value per independently pre-trained base: the conservative test).", ""]
+    if costs:
+        v, shape = costs["variants"], costs["shapes"]
+        lines += [f"Step costs ({COST_LABEL}; {costs['source']}): one optimizer step of gift.train_step on a batch of "
+                  f"{shape['batch']} rows of {shape['seq']} tokens ({shape['prompt_len']} prompt), full fine-tuning, "
+                  "float32, one thread, the variants alternated in rounds, the median of the per-round ratios to SFT: "
+                  f"gift {v['gift']:.3f}, gift-elbo {v['gift-elbo']:.3f}, gift-star {v['gift-star']:.3f}, gift with "
+                  f"cached betas (gift-reuse) {v['gift-reuse']:.3f}. An objective's cost is their average over its "
+                  f"{plan.ft_epochs} epochs (K = 4: (gift + 3 x gift-reuse) / 4; gift-star: plus its one pass over the "
+                  f"data). A rerun reproduces these budgets with `--step-costs {format_costs(v)}`. s/step = the run's "
+                  "own median step time, runs side by side on a shared machine (it measures the machine, not the "
+                  "objective).", ""]
+    lines += ["## Base models", "", f"| base | init seed | pre-training s | {label1} | SE | {label2} |",
               "|---|---|---|---|---|---|"]
     for b, (_, meta) in sorted(bases.items()):
         e = meta["eval"]
-        lines.append(f"| {b} | {meta['spec']['seed']} | {meta['train_s']:.0f} | {fmt(e['cell_acc'])} | "
-                     f"{fmt(e['cell_se'])} | {fmt(e['puzzle_acc'])} |")
-    for budget, title in (("steps", "Equal optimizer steps"), ("time", "Equal wall time")):
+        lines.append(f"| {b} | {meta['spec']['seed']} | {meta['train_s']:.0f} | {fmt(e[m1])} | {fmt(e[se1])} | "
+                     f"{fmt(e[m2])} |")
+    titles = {"steps": "Equal optimizer steps", "time": "Equal wall time: SFT at gift's cost",
+              "time-k4": "Equal wall time at K = 4: SFT at gift-k4's cost"}
+    for budget, title in titles.items():
         rows = [r for r in summary if r["budget"] == budget]
         if not rows:
             continue
         lines += ["", f"## {title}", ""]
-        if budget == "time":
-            lines.append(f"SFT runs {equal_time['steps']} steps: the seconds of GIFT's equal-step run, from the median "
-                         f"measured step times of the equal-step runs (gift {equal_time['gift']:.3f} s, sft "
-                         f"{equal_time['sft']:.3f} s, ratio {equal_time['gift'] / equal_time['sft']:.2f}). The other "
-                         "objectives are their equal-step runs.")
-            lines.append("")
-        lines.append("| objective | runs | steps | s/step | x SFT | cell acc % | whole puzzles % | delta cell vs SFT "
-                     "[95% CI] | p | wins | sd bases | sd seeds | p bases | delta puzzles [95% CI] | p | reading |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        if budget in EQUAL_TIME:
+            name = EQUAL_TIME[budget]
+            cost = objective_cost(name, costs["variants"], plan.ft_epochs)
+            lines += [f"SFT runs {budgets[budget]} steps = round({steps} x {cost:.4f}), the cost of "
+                      f"{name}'s {steps} steps. " + ("The other objectives are their equal-step runs." if budget ==
+                                                     "time" else "gift-k4 is its equal-step run."), ""]
+        lines.append(f"| objective | runs | steps | {COST_LABEL} | s/step in the run | {label1} | {label2} | delta "
+                     f"{short1} vs SFT [95% CI] | p | wins | sd bases | sd seeds | p bases | delta {short2} [95% CI] | "
+                     "p | reading |")
+        lines.append("|---|" + "---|" * 15)
         for r in rows:
-            dc = (f"{r['d_cell_acc']:+.1f} [{fmt(r['d_cell_acc_lo'])}, {fmt(r['d_cell_acc_hi'])}]"
-                  if "d_cell_acc" in r else "-")
-            dp = (f"{r['d_puzzle_acc']:+.1f} [{fmt(r['d_puzzle_acc_lo'])}, {fmt(r['d_puzzle_acc_hi'])}]"
-                  if "d_puzzle_acc" in r else "-")
-            lines.append(f"| {r['objective']}{' (longer)' if budget == 'time' and r['objective'] == 'sft' else ''} "
-                         f"| {r['n_runs']} | {r['steps']:.0f} | {r['step_time_s']:.3f} | "
-                         f"{fmt(r['step_time_vs_sft'], 2)} | {fmt(r['cell_acc_mean'])} +- {fmt(r['cell_acc_std'])} | "
-                         f"{fmt(r['puzzle_acc_mean'])} +- {fmt(r['puzzle_acc_std'])} | {dc} | "
-                         f"{fmt_p(r.get('d_cell_acc_p', math.nan))} | {r.get('d_cell_acc_wins', '-')} | "
-                         f"{fmt(r.get('d_cell_acc_sd_bases'))} | {fmt(r.get('d_cell_acc_sd_seeds'))} | "
-                         f"{fmt_p(r.get('d_cell_acc_p_bases', math.nan))} | {dp} | "
-                         f"{fmt_p(r.get('d_puzzle_acc_p', math.nan))} | "
-                         f"{reading(r['d_cell_acc_p'], r['d_cell_acc']) if 'd_cell_acc' in r else 'reference'} |")
+            dc = f"{r[f'd_{m1}']:+.1f} [{fmt(r[f'd_{m1}_lo'])}, {fmt(r[f'd_{m1}_hi'])}]" if f"d_{m1}" in r else "-"
+            dp = f"{r[f'd_{m2}']:+.1f} [{fmt(r[f'd_{m2}_lo'])}, {fmt(r[f'd_{m2}_hi'])}]" if f"d_{m2}" in r else "-"
+            name = r["objective"] + (f" (at {EQUAL_TIME[budget]}'s cost)" if budget != "steps" and
+                                     r["objective"] == "sft" else "")
+            lines.append(f"| {name} | {r['n_runs']} | {r['steps']:.0f} | {fmt(r['cost_vs_sft'], 3)} | "
+                         f"{r['step_time_s']:.3f} | {fmt(r[m1 + '_mean'])} +- {fmt(r[m1 + '_std'])} | "
+                         f"{fmt(r[m2 + '_mean'])} +- {fmt(r[m2 + '_std'])} | {dc} | "
+                         f"{fmt_p(r.get(f'd_{m1}_p', math.nan))} | {r.get(f'd_{m1}_wins', '-')} | "
+                         f"{fmt(r.get(f'd_{m1}_sd_bases'))} | {fmt(r.get(f'd_{m1}_sd_seeds'))} | "
+                         f"{fmt_p(r.get(f'd_{m1}_p_bases', math.nan))} | {dp} | "
+                         f"{fmt_p(r.get(f'd_{m2}_p', math.nan))} | "
+                         f"{reading(r[f'd_{m1}_p'], r[f'd_{m1}']) if f'd_{m1}' in r else 'reference'} |")
+        if budget == "steps":
+            lines += ["", "s/step in the run = measured in the runs themselves, side by side on a shared machine "
+                      "(indicative only; the step costs above set the budgets)."]
 
     # the K trade-off: betas reused for K epochs, against K = 1 (gift) of the same base and seed
     by = {(r["spec"]["name"], pair_key(r["spec"])): r for r in results if r["spec"]["budget"] == "steps"}
@@ -710,24 +737,24 @@ def markdown(plan, command, commit, summary, results, bases, wall_s, equal_time)
     if len(k_names) > 1:
         lines += ["", "## GIFT with betas reused for K epochs (--beta-refresh-epochs)", "",
                   "Equal optimizer steps. delta vs K = 1: paired difference to `gift` of the same base and seed.", "",
-                  "| objective | K | x SFT per step | cell acc % | delta cell vs K = 1 [95% CI] | p | sd bases | "
-                  "sd seeds | delta puzzles vs K = 1 | p |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  f"| objective | K | {COST_LABEL} | {label1} | delta {short1} vs K = 1 [95% CI] | p | sd bases | "
+                  f"sd seeds | delta {short2} vs K = 1 | p |", "|---|---|---|---|---|---|---|---|---|---|"]
         for n in k_names:
             row = next(r for r in summary if r["budget"] == "steps" and r["objective"] == n)
             k = {1: "1", 0: "infinity"}.get(OBJECTIVES[n][2], str(OBJECTIVES[n][2]))
             if n == "gift":
-                lines.append(f"| gift | 1 | {fmt(row['step_time_vs_sft'], 2)} | {fmt(row['cell_acc_mean'])} +- "
-                             f"{fmt(row['cell_acc_std'])} | - | | | | - | |")
+                lines.append(f"| gift | 1 | {fmt(row['cost_vs_sft'], 3)} | {fmt(row[m1 + '_mean'])} +- "
+                             f"{fmt(row[m1 + '_std'])} | - | | | | - | |")
                 continue
             cols = {}
-            for metric in ("cell_acc", "puzzle_acc"):
+            for metric in (m1, m2):
                 cols.update(paired_columns(metric, {key: by[(n, key)][metric] - by[("gift", key)][metric]
                                                     for name, key in by if name == n and ("gift", key) in by}))
-            lines.append(f"| {n} | {k} | {fmt(row['step_time_vs_sft'], 2)} | {fmt(row['cell_acc_mean'])} +- "
-                         f"{fmt(row['cell_acc_std'])} | {cols['d_cell_acc']:+.1f} [{fmt(cols['d_cell_acc_lo'])}, "
-                         f"{fmt(cols['d_cell_acc_hi'])}] | {fmt_p(cols['d_cell_acc_p'])} | "
-                         f"{fmt(cols['d_cell_acc_sd_bases'])} | {fmt(cols['d_cell_acc_sd_seeds'])} | "
-                         f"{cols['d_puzzle_acc']:+.1f} | {fmt_p(cols['d_puzzle_acc_p'])} |")
+            lines.append(f"| {n} | {k} | {fmt(row['cost_vs_sft'], 3)} | {fmt(row[m1 + '_mean'])} +- "
+                         f"{fmt(row[m1 + '_std'])} | {cols[f'd_{m1}']:+.1f} [{fmt(cols[f'd_{m1}_lo'])}, "
+                         f"{fmt(cols[f'd_{m1}_hi'])}] | {fmt_p(cols[f'd_{m1}_p'])} | "
+                         f"{fmt(cols[f'd_{m1}_sd_bases'])} | {fmt(cols[f'd_{m1}_sd_seeds'])} | "
+                         f"{cols[f'd_{m2}']:+.1f} | {fmt_p(cols[f'd_{m2}_p'])} |")
 
     # the betas during training (metrics.jsonl: mean / std of beta over the batch's answer tokens)
     traces = {}
@@ -747,34 +774,13 @@ def markdown(plan, command, commit, summary, results, bases, wall_s, equal_time)
                 cells.append(f"{statistics.mean(p[1] for p in picks):.3f} / {statistics.mean(p[2] for p in picks):.3f}")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
 
-    # which positions carry the entropy
+    # which positions carry the entropy: the bases (step 0), then gift's kept models along training
     entropy = [r["entropy"] for r in results if r.get("entropy")]
-    lines += ["", "## Which answer positions have high entropy", "",
-              f"gift.entropy_betas on {plan.n_entropy} fine-tuning puzzles (the whole answer masked, Algorithm 1). "
-              "Step 0 is the base models (= GIFT*'s fixed betas); later rows are gift's models along training, "
-              "averaged over bases and seeds. top-k share = fraction of each answer's k highest betas (k = its number of "
-              "blanks) that are blank cells; r blank = mean beta_i / beta_ref on blank cells (how much more often "
-              "GIFT masks them than SFT's uniform rate would suggest).", "",
-              "| step | beta blank | beta given | beta fixed tokens | top-k share | r blank |",
-              "|---|---|---|---|---|---|"]
     rows = [(0, [meta["entropy"] for _, meta in bases.values()])]
     if entropy:
         n_ckpt = min(len(e) for e in entropy)
         rows += [(entropy[0][i][0], [e[i][1] for e in entropy]) for i in range(n_ckpt)]
-    for step, stats in rows:
-        avg = {k: statistics.mean(s[k] for s in stats) for k in ("beta_blank", "beta_given", "beta_fixed",
-                                                                  "topk_blank_share", "ratio_blank")}
-        lines.append(f"| {step} | {avg['beta_blank']:.3f} | {avg['beta_given']:.3f} | {avg['beta_fixed']:.3f} | "
-                     f"{avg['topk_blank_share']:.2f} | {avg['ratio_blank']:.2f} |")
-    lines += ["", "Blank cells by how many digits their given peers (row, column, box) leave open "
-              "(1 = forced), mean beta (count):", "",
-              "| step | " + " | ".join(f"{k} open" for k in range(1, 5)) + " |", "|---|" + "---|" * 4]
-    for step, stats in rows:
-        cells = []
-        for k in range(1, 5):
-            vals = [s["beta_blank_by_open"][str(k)] for s in stats if not math.isnan(s["beta_blank_by_open"][str(k)])]
-            cells.append(f"{statistics.mean(vals):.3f} ({stats[0]['count_by_open'][str(k)]})" if vals else "-")
-        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    lines += task.entropy_markdown(plan, rows)
     return "\n".join(lines) + "\n"
 
 
@@ -811,7 +817,8 @@ def write_csv(path, rows):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     plan = parse_plan(argv)
-    command = " ".join(["python experiments/sudoku_gift_vs_sft.py"] + argv)
+    task = TASKS[plan.task]
+    command = " ".join(["python experiments/gift_vs_sft.py"] + argv)
     commit = git_commit()
     t_start = time.time()
     out = Path(plan.out)
@@ -820,80 +827,81 @@ def main(argv=None):
     if commit.endswith("+dirty") or commit == "unknown":
         print(f"WARNING: commit {commit}: the results cannot be tied to a commit", flush=True)
 
-    # 1. data, split by solution grid
-    base_pairs, ft_pairs, heldout = build_data(plan, out / "data")
-    check_prompts(make_char_tokenizer(), ft_pairs)
-    print(f"data: {len(base_pairs)} pre-training, {len(ft_pairs)} fine-tuning, {len(heldout)} held-out puzzles "
-          f"({plan.heldout_grids} held-out grids)", flush=True)
+    # 1. data: pre-training, fine-tuning, held-out (none of it in any training set)
+    base_data, ft_data, heldout = task.build_data(plan, out / "data")
+    tokenizer = task.make_tokenizer()
+    task.check_prompts(tokenizer, base_data + ft_data + heldout, plan)
+    print(f"data: {task.describe_data(plan, base_data, ft_data, heldout)}", flush=True)
 
     # 2. the base models, each pre-trained once from its own seed
     bases = prepare_bases(plan, commit)
+    (m1, se1, _, short1), (m2, se2, _, short2) = task.METRICS
     for b, (_, meta) in sorted(bases.items()):
         e = meta["eval"]
         print(f"base {b}: {meta['n_params']} parameters, {meta['train_s']:.0f} s pre-training "
-              f"({meta['step_time_s']:.3f} s/step{', reused' if meta['reused'] else ''}); held-out cell accuracy "
-              f"{e['cell_acc']:.1f} +- {e['cell_se']:.1f} %, whole puzzles {e['puzzle_acc']:.1f} %", flush=True)
+              f"({meta['step_time_s']:.3f} s/step{', reused' if meta['reused'] else ''}); held-out {short1} "
+              f"{e[m1]:.1f} +- {e[se1]:.1f} %, {short2} {e[m2]:.1f} %", flush=True)
     if plan.base_only:  # pre-train (or reuse) and evaluate the bases only, e.g. to size them
         return
 
-    # 3. fine-tuning runs: equal steps first; sft and gift of each base and seed first and side by side (their step
-    # times are measured under the same load, and the equal-time budget waits for them), then the other objectives
-    steps = plan.ft_epochs * math.ceil(len(ft_pairs) / plan.ft_batch)
+    # 3. the cost of a step of each objective, at the study's shapes (given, stored, or measured now)
+    seq, prompt_len = task.shapes(tokenizer, ft_data, plan)
+    shapes = dict(d_model=plan.d_model, n_layers=plan.n_layers, n_heads=plan.n_heads, mlp=plan.mlp,
+                  vocab=tiny_config_for(tokenizer).vocab_size, seq=seq, prompt_len=prompt_len, batch=plan.ft_batch,
+                  rounds=plan.cost_rounds)
+    costs = step_costs(plan, out, shapes)
+    steps = plan.ft_epochs * math.ceil(len(ft_data) / plan.ft_batch)
     names, seeds = objective_names(plan), id_list(plan.seeds)
-    common = dict(data_jsonl=str(out / "data" / "finetune.jsonl"), data_json=str(out / "data" / "data.json"),
-                  batch=plan.ft_batch, lr=plan.ft_lr, warmup=plan.ft_warmup, weight_decay=plan.ft_weight_decay,
-                  log_every=plan.log_every, eval_batch=plan.eval_batch, n_entropy=plan.n_entropy,
-                  checkpoints=plan.checkpoints, threads=plan.threads)
+    budgets = {} if plan.skip_equal_time else equal_time_steps(steps, costs["variants"], plan.ft_epochs, names)
+    print(f"step costs x SFT ({costs['source']}): --step-costs {format_costs(costs['variants'])}; equal wall time: "
+          + (", ".join(f"sft {n} steps at {EQUAL_TIME[b]}'s cost" for b, n in budgets.items()) or "none"), flush=True)
+
+    # 4. fine-tuning runs: equal steps (sft and gift of each base and seed first), then equal wall time
+    common = dict(task=plan.task, task_fields=task_fields(plan), data_jsonl=str(out / "data" / "finetune.jsonl"),
+                  data_json=str(out / "data" / "data.json"), batch=plan.ft_batch, lr=plan.ft_lr,
+                  warmup=plan.ft_warmup, weight_decay=plan.ft_weight_decay, log_every=plan.log_every,
+                  eval_batch=plan.eval_batch, n_entropy=plan.n_entropy, checkpoints=plan.checkpoints,
+                  threads=plan.threads)
 
     def spec(name, budget, b, s, n_steps):
         return dict(common, name=name, budget=budget, base=b, base_dir=bases[b][0], base_spec=bases[b][1]["spec"],
                     data_key=bases[b][1]["data_key"], seed=s, steps=n_steps,
                     out=str(out / "runs" / f"base{b}" / f"{name}-{budget}-seed{s}"))
     pairs = [(b, s) for b in sorted(bases) for s in seeds]
-    first = [spec(n, "steps", b, s, steps) for b, s in pairs for n in names if n in ("sft", "gift")]
-    first += [spec(n, "steps", b, s, steps) for n in names if n not in ("sft", "gift") for b, s in pairs]
-    equal_time = {}
-
-    def second(results):  # equal wall time: SFT gets GIFT's seconds, from the measured median step times
-        if plan.skip_equal_time or not {"sft", "gift"} <= set(names):
-            return []
-        t = {n: statistics.median(r["step_time_s"] for r in results if r["spec"]["name"] == n
-                                  and r["spec"]["budget"] == "steps") for n in ("sft", "gift")}
-        equal_time.update(t, steps=max(steps, round(steps * t["gift"] / t["sft"])))
-        print(f"equal wall time: gift {t['gift']:.3f} s/step, sft {t['sft']:.3f} s/step -> sft runs "
-              f"{equal_time['steps']} steps", flush=True)
-        return [spec("sft", "time", b, s, equal_time["steps"]) for b, s in pairs]
-
-    n_total = len(first) + (0 if plan.skip_equal_time or not {"sft", "gift"} <= set(names) else len(pairs))
+    specs = [spec(n, "steps", b, s, steps) for b, s in pairs for n in names if n in ("sft", "gift")]
+    specs += [spec(n, "steps", b, s, steps) for n in names if n not in ("sft", "gift") for b, s in pairs]
+    specs += [spec("sft", budget, b, s, n_steps) for budget, n_steps in budgets.items() for b, s in pairs]
     done = []
 
     def on_done(r):
         done.append(r)
         s = r["spec"]
         elapsed = time.time() - t_start
-        print(f"[{elapsed / 60:5.1f} min] {len(done)}/{n_total} base {s['base']} {s['name']} ({s['budget']}) seed "
-              f"{s['seed']}: {r['steps']} steps x {r['step_time_s']:.3f} s, cell {r['cell_acc']:.1f} +- "
-              f"{r['cell_se']:.1f} %, puzzles {r['puzzle_acc']:.1f} % (eval {r['eval_s']:.0f} s)", flush=True)
+        print(f"[{elapsed / 60:5.1f} min] {len(done)}/{len(specs)} base {s['base']} {s['name']} ({s['budget']}) seed "
+              f"{s['seed']}: {r['steps']} steps x {r['step_time_s']:.3f} s, {short1} {r[m1]:.1f} +- {r[se1]:.1f} %, "
+              f"{short2} {r[m2]:.1f} % (eval {r['eval_s']:.0f} s)", flush=True)
 
-    results = run_all(first, second, plan.workers, plan.threads, on_done, commit, plan.reuse_other_commit)
+    results = run_all(specs, plan.workers, plan.threads, on_done, commit, plan.reuse_other_commit)
 
-    # 4. tables
-    summary = summarize(results)
+    # 5. tables
+    summary = summarize(results, task, costs["variants"], plan.ft_epochs)
     run_rows = []
     for r in results:
         loss, norm, refresh = OBJECTIVES[r["spec"]["name"]]
-        run_rows.append(dict(objective=r["spec"]["name"], loss=loss, norm=norm or gift.DEFAULT_NORM[loss],
-                             beta_refresh_epochs=refresh, budget=r["spec"]["budget"], base=r["spec"]["base"],
-                             seed=r["spec"]["seed"], steps=r["steps"], step_time_s=r["step_time_s"],
-                             loop_s=r["loop_s"], train_s=r["train_s"], eval_s=r["eval_s"], cell_acc=r["cell_acc"],
-                             cell_se=r["cell_se"], puzzle_acc=r["puzzle_acc"], puzzle_se=r["puzzle_se"],
-                             n_cells=r["n_cells"], n_puzzles=r["n_puzzles"], final_loss=r["final_loss"],
-                             commit=r.get("commit")))
+        row = dict(objective=r["spec"]["name"], loss=loss, norm=norm or gift.DEFAULT_NORM[loss],
+                   beta_refresh_epochs=refresh, budget=r["spec"]["budget"], base=r["spec"]["base"],
+                   seed=r["spec"]["seed"], steps=r["steps"],
+                   cost_vs_sft=objective_cost(r["spec"]["name"], costs["variants"], plan.ft_epochs),
+                   step_time_s=r["step_time_s"], loop_s=r["loop_s"], train_s=r["train_s"], eval_s=r["eval_s"])
+        for metric, se, _, _ in task.METRICS:
+            row.update({metric: r[metric], se: r[se]})
+        row.update({k: r[k] for k in task.COUNTS})
+        run_rows.append(dict(row, final_loss=r["final_loss"], commit=r.get("commit")))
     run_rows.sort(key=lambda r: (r["budget"], r["objective"], r["base"], r["seed"]))
     write_csv(out / "results.csv", run_rows)
     write_csv(out / "summary.csv", [dict(row, commit=commit) for row in summary])
     wall_s = time.time() - t_start
-    text = markdown(plan, command, commit, summary, results, bases, wall_s, equal_time)
+    text = markdown(plan, command, commit, summary, results, bases, wall_s, costs, budgets, steps)
     (out / "results.md").write_text(text)
     print(text)
     print(f"wrote {out / 'results.csv'}, {out / 'summary.csv'}, {out / 'results.md'} ({wall_s / 60:.1f} min)")
