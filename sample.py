@@ -240,9 +240,10 @@ def attention_drift(attn, built, tracked, reference, gamma, block_start):
     drift that accumulates slowly (bench/README.md, section 3b, has what each costs and keeps)."""
     n, B, Lb, L = attn.shape
     received = attn[:, :, :, block_start:block_start + Lb].sum(2)  # (n_layers, B, Lb): what each block token receives
-    if tracked is None:
-        tracked, reference = received.argmax(-1), attn.new_zeros(n, B, L)
-    tracked = torch.where(built, received.argmax(-1), tracked)  # (n_layers, B)
+    most = received.argmax(-1)  # (n_layers, B)
+    if tracked is None:  # the block's first step: every row is built
+        tracked, reference = most, attn.new_zeros(n, B, L)
+    tracked = torch.where(built, most, tracked)  # (n_layers, B)
     now = attn.gather(2, tracked[:, :, None, None].expand(n, B, 1, L)).squeeze(2)  # (n_layers, B, L)
     reference = torch.where(built[:, None], now, reference)
     drifted = (F.cosine_similarity(now, reference, dim=-1) < gamma).any(0) & ~built  # (B,)
