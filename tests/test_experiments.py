@@ -160,6 +160,40 @@ def test_runs_made_by_another_commit_are_refused_unless_asked(smoke, tmp_path):
     assert "runs reused from other commits: ['0123456789ab']" in (out / "results.md").read_text()
 
 
+def compare_runs(*args):
+    return subprocess.run([sys.executable, str(REPO / "experiments" / "compare_runs.py"), *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_one_row_rerun_elsewhere_is_identical_and_a_change_is_caught(smoke, tmp_path):
+    """What experiments/README promises: one base and seed rerun into a new folder gives that row of the full run
+    bit for bit (data, base weights and grades, each run's loss, betas, graded cells and weights), and
+    experiments/compare_runs.py says so; a changed answer or weight in a copy is named."""
+    out, _ = smoke
+    one = tmp_path / "one"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--bases", "1", "--objectives", "sft,gift",
+                           "--skip-equal-time", "--out", str(one)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = compare_runs(out, one)
+    assert proc.returncode == 0, proc.stdout
+    lines = proc.stdout.splitlines()
+    assert lines == ["data: identical", "base1: identical", "runs/base1/gift-steps-seed0: identical",
+                     "runs/base1/sft-steps-seed0: identical", "4 of 4 identical"]
+    # plant the differences the script is for: one held-out grade, then one weight of a kept model
+    result_path = one / "runs" / "base1" / "gift-steps-seed0" / "result.json"
+    result = json.loads(result_path.read_text())
+    result["correct_cells"][3] += 1
+    result_path.write_text(json.dumps(result))
+    model = next((one / "runs" / "base1" / "sft-steps-seed0").rglob("model.safetensors"))
+    model.write_bytes(model.read_bytes()[:-1] + bytes([model.read_bytes()[-1] ^ 1]))
+    proc = compare_runs(out, one)
+    assert proc.returncode == 1
+    assert "runs/base1/gift-steps-seed0: DIFFERS in correct_cells" in proc.stdout
+    assert "runs/base1/sft-steps-seed0: DIFFERS in model weights" in proc.stdout
+    assert compare_runs(out, tmp_path / "nowhere").stderr.strip().endswith("no such folder")
+
+
 @pytest.mark.parametrize("flags", [["--objectives", "sft,nonsense"], ["--ft-blanks", "9"], ["--bases", "a,b"],
                                    ["--task", "chess"], ["--step-costs", "gift=1.3"],
                                    ["--step-costs", "gift=1.3,gift-elbo=1.1,gift-star=1,gift-reuse=-1"],
