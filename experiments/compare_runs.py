@@ -13,8 +13,9 @@ import json
 import sys
 from pathlib import Path
 
+from gift_vs_sft import without_paths  # the study beside this file: a spec without its file locations
+
 TIMES = ("train_s", "step_time_s", "loop_s", "eval_s")  # fields of base.json / result.json (and of base.json's eval)
-PATHS = ("out", "base_dir", "data_jsonl", "data_json")  # fields of a spec
 
 
 def file_hash(path):
@@ -27,14 +28,14 @@ def models(folder):
     return {str(p.relative_to(folder)): file_hash(p) for p in sorted(folder.rglob("model.safetensors"))}
 
 
-def without(keys, record):
-    return {k: (without(keys, v) if isinstance(v, dict) else v) for k, v in record.items() if k not in keys}
+def without_times(record):
+    return {k: (without_times(v) if isinstance(v, dict) else v) for k, v in record.items() if k not in TIMES}
 
 
 def differences(a_json, b_json):
     """The names of what differs between two result files (base.json or result.json) and their folders' models."""
-    a, b = (without(TIMES, json.loads(p.read_text())) for p in (a_json, b_json))
-    diff = ["settings"] if without(PATHS, a["spec"]) != without(PATHS, b["spec"]) else []
+    a, b = (without_times(json.loads(p.read_text())) for p in (a_json, b_json))
+    diff = ["settings"] if without_paths(a["spec"]) != without_paths(b["spec"]) else []
     diff += [f for f in sorted(set(a) | set(b)) if f not in ("spec", "commit") and a.get(f) != b.get(f)]
     if models(a_json.parent) != models(b_json.parent):
         diff.append("model weights")

@@ -378,8 +378,6 @@ def binomial_se(p, n):
     return 100.0 * math.sqrt(max(p * (1 - p), 0.0) / max(n, 1))
 
 
-
-
 def grades(task, evaluation):
     """A task's held-out counts -> each metric in percent with its binomial SE (and the task's other fields)."""
     out = {k: v for k, v in evaluation.items() if k != "counts"}
