@@ -12,12 +12,16 @@ Attention is full (non-causal): every token sees every non-padding token.
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import math
 import os
 import re
 import shutil
+import socket
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -753,3 +757,132 @@ def load_adapter(model, path):
                                  "(rank from r and rank_pattern)")
             p.copy_(tensors[k])
     return model
+
+
+# =============================================================================
+# Machinery shared by the command lines (gift.py, eval.py, sample.py), not needed to understand the model: processes
+# from torchrun's environment, rank-0 printing and collectives, one job per output path, flags from a dataclass.
+# They live here, in the file every other one imports, so that no file imports the trainer to get them.
+
+
+def setup_distributed():
+    """(rank, world size, device) from torchrun's environment; the process group is started when world > 1 (NCCL on
+    GPUs, gloo on the CPU). One process works without torchrun."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device
+                                             if device.type == "cuda" else None)
+    return rank, world, device
+
+
+def compute_dtype(name, device):
+    """A --dtype flag's value as a torch dtype: auto is bfloat16 on a GPU, float32 on the CPU."""
+    if name == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def is_rank0():
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+
+
+def print0(*args):
+    if is_rank0():
+        print(*args, flush=True)
+
+
+def barrier():
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def broadcast_object(obj):
+    """Rank 0's `obj` on every rank (a no-op for one process)."""
+    if torch.distributed.is_initialized():
+        box = [obj]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+    return obj
+
+
+def gather_objects(obj):
+    """Every rank's object, on every rank, in rank order."""
+    if torch.distributed.is_initialized():
+        out = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(out, obj)
+        return out
+    return [obj]
+
+
+def on_rank0(fn):
+    """fn() on rank 0 only; its result there, None elsewhere. An exception on rank 0 is raised on every rank, so that
+    no rank waits forever at the next collective for a rank that has died."""
+    result, error = None, None
+    if is_rank0():
+        try:
+            result = fn()
+        except Exception as e:  # re-raised below, on every rank
+            error = e
+    error = broadcast_object(error)
+    if error is not None:
+        raise error
+    return result
+
+
+def end_distributed():
+    """Tear the process group down once every rank is done with every collective. gloo's worker threads drop their
+    last work's tensors after the collective returns, and that needs the GIL; destroying the group joins those
+    threads while holding it: a deadlock (a hang, or an abort at exit), seen in gdb with torch 2.13 on CPU. Sleeping
+    releases the GIL and lets them finish first."""
+    if torch.distributed.is_initialized():
+        barrier()
+        time.sleep(0.2)
+        torch.distributed.destroy_process_group()
+
+
+def lock_file(path):
+    """An exclusive flock on `path`, held while the returned file stays open: the kernel drops it when the process
+    ends, however it ends (kill -9 included), so a crashed job never leaves it locked. Returns (the open file, None),
+    or (None, who holds it) when another process does. A file system without locks (some network mounts): a warning,
+    and the job goes on unprotected."""
+    lock = open(path, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        return None, holder
+    except OSError as e:
+        print(f"warning: cannot lock {path} ({e}); make sure no other job writes there", file=sys.stderr)
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    lock.flush()
+    return lock, None
+
+
+def parse_dataclass_flags(parser, cls, argv=None):
+    """One flag per field of the dataclass `cls` (--name-with-dashes, typed, its help and choices from the field's
+    metadata); unknown flags are an error. Returns the fields given on the command line (a flag given as 0 is given)."""
+    add_dataclass_flags(parser, cls)
+    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+
+
+def add_dataclass_flags(parser, cls):
+    """The flags of parse_dataclass_flags, added to `parser` (which may hold other flags too); each defaults to None,
+    so that a flag not given can be told from one given with the default value."""
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in (bool, "bool"):
+            parser.add_argument(flag, action="store_true", default=None, help=f.metadata["help"])
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(f.type, f.type) if isinstance(f.type, str) else f.type
+            parser.add_argument(flag, type=kind, default=None, choices=f.metadata.get("choices"),
+                                help=f"{f.metadata['help']} (default {f.default!r})")
