@@ -886,3 +886,19 @@ def add_dataclass_flags(parser, cls):
             kind = {"int": int, "float": float, "str": str}.get(f.type, f.type) if isinstance(f.type, str) else f.type
             parser.add_argument(flag, type=kind, default=None, choices=f.metadata.get("choices"),
                                 help=f"{f.metadata['help']} (default {f.default!r})")
+
+
+def all_reduce_sum(values, device):
+    """Sum a list of floats over ranks, in float64 (a no-op for one process)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(t)
+    return t.tolist()
+
+
+def all_reduce_max(value, device):
+    """The largest of every rank's integer `value` (a no-op for one process)."""
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return int(t)
