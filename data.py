@@ -1,5 +1,5 @@
-"""Data for GIFT fine-tuning of LLaDA: tokenizer, chat format, JSONL readers, batching, sharding, and the built-in
-4x4 Sudoku task.
+"""Data for GIFT fine-tuning of LLaDA: tokenizer, chat format, JSONL readers, and the built-in 4x4 Sudoku task (the
+embedded default's data). Batching and sharding are gift.py's (its loop's "Batch assembly").
 
 A training example is `(ids, prompt_len)`: the token ids of prompt + answer + <|eot_id|>, and the number of prompt
 tokens. Positions >= prompt_len are the answer; batches are right-padded with <|endoftext|>, and the pads count as
@@ -10,14 +10,17 @@ answer (they are noised and trained on, as in LLaDA's SFT, so the model learns w
 """
 
 import argparse
+import array
 import functools
+import hashlib
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+                        processors)
 
 # -----------------------------------------------------------------------------
 # Constants: LLaDA's special token strings (their ids always come from tokenizer.json / config.json)
@@ -29,6 +32,12 @@ END_HEADER = "<|end_header_id|>"
 EOT = "<|eot_id|>"
 MASK = "<|mdm_mask|>"
 SPECIAL_TOKENS = (BOS, EOS, START_HEADER, END_HEADER, EOT, MASK)
+# Dream-v0's (Qwen2.5's ChatML): its EOS = pad is the same "<|endoftext|>"; each turn is <|im_start|>role\n...<|im_end|>\n
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+DREAM_MASK = "<|mask|>"
+DREAM_SPECIAL_TOKENS = (EOS, IM_START, IM_END, DREAM_MASK)
+CHATML_SYSTEM = "You are a helpful assistant."  # Qwen2.5's template adds this system turn when the messages have none
 
 ROLES = ("system", "user", "assistant")
 FORMATS = ("messages", "prompt-response", "s1k", "s1k-1.1")
@@ -45,6 +54,7 @@ SUDOKU_TASK_PROMPT = "Solve the following Sudoku puzzle: {puzzle}"
 SUDOKU_ANSWER = "<answer>{solution}</answer>"
 # characters of the char-level tokenizer: enough for the Sudoku texts, answer tags and the role names
 CHAR_VOCAB = "\n :/<>0123456789Sabcdefghijklmnopqrstuvwxyz"
+DREAM_CHAR_VOCAB = CHAR_VOCAB + "Y."  # and ChatML's default system turn, "You are a helpful assistant."
 
 # the 12 units (4 rows, 4 columns, 4 boxes) of a 4x4 grid, as row-major cell indices 0..15
 SUDOKU_UNITS = ([[4 * r + c for c in range(4)] for r in range(4)]
@@ -55,25 +65,128 @@ SUDOKU_UNITS = ([[4 * r + c for c in range(4)] for r in range(4)]
 # Tokenizer and special ids
 
 
+# Qwen2's pre-tokenization (transformers' tokenization_qwen2.py, PRETOKENIZE_REGEX): contractions, a word with at
+# most one non-letter before it, each digit alone, runs of punctuation, newlines with the spaces before them, spaces
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+               r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+# tokenizer_config.json's special-token fields, in transformers' order, and the slow Qwen2Tokenizer's defaults
+SPECIAL_TOKEN_FIELDS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+QWEN2_SPECIAL_DEFAULTS = dict(unk_token=EOS, eos_token=EOS, pad_token=EOS)
+
+
 def load_tokenizer(model_dir):
-    """The `tokenizers` tokenizer of a model folder (<model_dir>/tokenizer.json)."""
-    path = Path(model_dir) / "tokenizer.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: the model folder must hold the Hugging Face tokenizer.json")
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a bare Exception; say whether the JSON or its content is wrong
-        try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as bad:
-            json_error = isinstance(bad, json.JSONDecodeError)
-            where = f"line {bad.lineno}, column {bad.colno}: {bad.msg}" if json_error else bad
-            raise ValueError(f"{path}: not valid JSON ({where}). A truncated download leaves such a file: copy "
-                             "tokenizer.json from the model's Hugging Face folder again") from None
-        raise ValueError(f"{path}: valid JSON, but not a tokenizer the `tokenizers` library reads ({e}); it must be "
-                         "a Hugging Face tokenizer.json (not tokenizer_config.json or a sentencepiece model)") from None
+    """The `tokenizers` tokenizer of a model folder: <model_dir>/tokenizer.json, or, in a folder without one, the slow
+    Qwen2 tokenizer's files that Dream-v0's Hugging Face folders ship (vocab.json, merges.txt, tokenizer_config.json),
+    built into the same tokenizer as transformers builds from them (qwen2_tokenizer)."""
+    folder = Path(model_dir)
+    path = folder / "tokenizer.json"
+    if path.is_file():
+        tokenizer = _tokenizer_json(path)
+    elif (folder / "vocab.json").is_file():
+        tokenizer = qwen2_tokenizer(folder)
+    else:
+        raise FileNotFoundError(f"{path} not found: the model folder must hold the Hugging Face tokenizer.json (or, "
+                                "as Dream-v0's, a Qwen2 tokenizer's vocab.json and merges.txt)")
     tokenizer.no_truncation()  # too-long examples are dropped and counted by load_dataset, never cut
     tokenizer.no_padding()  # padding happens in collate
+    return tokenizer
+
+
+def _read_json(path):
+    """A JSON file's content, or a one-line ValueError naming the file and where it breaks."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as bad:
+        where = f"line {bad.lineno}, column {bad.colno}: {bad.msg}" if isinstance(bad, json.JSONDecodeError) else bad
+        raise ValueError(f"{path}: not valid JSON ({where}). A truncated download leaves such a file: copy "
+                         f"{path.name} from the model's Hugging Face folder again") from None
+
+
+def _tokenizer_json(path):
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception; say whether the JSON or its content is wrong
+        _read_json(path)
+        raise ValueError(f"{path}: valid JSON, but not a tokenizer the `tokenizers` library reads ({e}); it must be "
+                         "a Hugging Face tokenizer.json (not tokenizer_config.json or a sentencepiece model)") from None
+
+
+def _bpe_merges(path, vocab):
+    """merges.txt read as the slow tokenizer reads it (a "#version:" first line and blank lines skipped, then one
+    "a b" merge a line, in rank order), each merge checked against vocab.json."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: a Qwen2 tokenizer's vocab.json needs its merges.txt (copy it "
+                                "from the model's Hugging Face folder)")
+    merges = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if (n == 1 and line.startswith("#version:")) or not line:
+                continue
+            pair = tuple(line.split())
+            if len(pair) != 2 or not all(t in vocab for t in (*pair, "".join(pair))):
+                raise ValueError(f"{path}, line {n}: {line!r} is not a merge of two tokens of vocab.json into a third; "
+                                 "merges.txt and vocab.json must come from the same tokenizer")
+            merges.append(pair)
+    return merges
+
+
+def _added_token(token, path, special=None):
+    """An AddedToken from a config's string or its object of AddedToken fields; `special` overrides the flag."""
+    fields = dict(content=token) if isinstance(token, str) else token
+    if not isinstance(fields, dict) or not isinstance(fields.get("content"), str):
+        raise ValueError(f"{path}: {token!r} is not a token (a string, or an object with a 'content' string)")
+    flags = {k: fields[k] for k in ("single_word", "lstrip", "rstrip", "normalized", "special") if k in fields}
+    if special is not None:
+        flags["special"] = special
+    return AddedToken(fields["content"], **flags)
+
+
+def qwen2_tokenizer(folder):
+    """The fast tokenizer that transformers builds from a slow Qwen2 tokenizer's files (Qwen2Converter in
+    convert_slow_tokenizer.py, then PreTrainedTokenizerFast's added tokens): a byte-level BPE of vocab.json and
+    merges.txt with no unknown token (its 256 byte characters spell any text); NFC normalization; Qwen2's split
+    (QWEN2_SPLIT), then each piece as its UTF-8 bytes (ByteLevel, no prefix space); the ByteLevel decoder. The added
+    tokens, matched in text before the BPE: tokenizer_config.json's added_tokens_decoder (or else the older
+    added_tokens.json) in id order, each special also when a special-token field names it, then the named special
+    tokens not among them."""
+    folder = Path(folder)
+    vocab = _read_json(folder / "vocab.json")
+    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+        raise ValueError(f"{folder / 'vocab.json'}: not a BPE vocabulary (an object of token: id)")
+    tokenizer = Tokenizer(models.BPE(vocab, _bpe_merges(folder / "merges.txt", vocab), dropout=None, unk_token=None,
+                                     continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+                                     byte_fallback=False))
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    # the special tokens that the config's fields name, Qwen2's defaults for the fields it leaves out
+    config_path = folder / "tokenizer_config.json"
+    config = _read_json(config_path) if config_path.is_file() else {}
+    named = [config.get(k, QWEN2_SPECIAL_DEFAULTS.get(k)) for k in SPECIAL_TOKEN_FIELDS]
+    named = [_added_token(t, config_path, special=True)
+             for t in named + list(config.get("additional_special_tokens") or []) if t is not None]
+    names = {t.content for t in named}
+    if "added_tokens_decoder" in config:
+        source = config_path
+        added = {int(i): _added_token(t, source) for i, t in config["added_tokens_decoder"].items()}
+    else:  # older folders: added_tokens.json, {content: id}, special when a field names it
+        source = folder / "added_tokens.json"
+        listed = _read_json(source) if source.is_file() else {}
+        added = {i: AddedToken(t, special=t in names, normalized=t not in names) for t, i in listed.items()}
+    for token in added.values():
+        token.special = token.special or token.content in names
+    contents = {t.content for t in added.values()}
+    missing = list({t.content: t for t in named if t.content not in contents}.values())
+    tokenizer.add_tokens([added[i] for i in sorted(added)] + missing)
+    for i, token in sorted(added.items()):
+        got = tokenizer.token_to_id(token.content)  # add_tokens numbers new tokens on from the vocabulary's
+        if got != i:
+            raise ValueError(f"{source}: added token {token.content!r} has id {i}, but after the {len(vocab)} tokens "
+                             f"of vocab.json it gets id {got}: the added tokens' ids must follow the vocabulary's")
     return tokenizer
 
 
@@ -92,13 +205,18 @@ def _token_id(tokenizer, token):
 
 @dataclass
 class SpecialIds:
-    bos: int  # <|startoftext|>
-    eos: int  # <|endoftext|>, ends generation
-    pad: int  # = eos in LLaDA
-    mask: int  # <|mdm_mask|>, the diffusion mask
-    eot: int  # <|eot_id|>, ends each chat turn
-    start_header: int
-    end_header: int
+    eos: int  # ends generation (LLaDA and Dream: <|endoftext|>)
+    pad: int  # = eos in both families
+    mask: int  # the diffusion mask (<|mdm_mask|>, Dream's <|mask|>)
+    eot: int  # ends each chat turn (<|eot_id|>, ChatML's <|im_end|>)
+    bos: int = None  # <|startoftext|> (LLaDA's format only)
+    start_header: int = None  # <|start_header_id|>, or ChatML's <|im_start|>
+    end_header: int = None  # <|end_header_id|> (LLaDA's format only)
+
+
+def chat_format(tokenizer):
+    """Which chat format a tokenizer is for: "chatml" (Dream-v0, Qwen2.5: it has <|im_start|>) or "llada"."""
+    return "chatml" if tokenizer.token_to_id(IM_START) is not None else "llada"
 
 
 def special_ids(tokenizer, config):
@@ -112,14 +230,18 @@ def special_ids(tokenizer, config):
         ids[name] = value
     if getattr(config, "embedding_size", None) is not None:
         check_mask_token(tokenizer, config)
-    for token in (BOS, EOT, START_HEADER, END_HEADER):
+    chatml = chat_format(tokenizer) == "chatml"
+    for token in (IM_START, IM_END) if chatml else (BOS, EOT, START_HEADER, END_HEADER):
         ids[token] = _token_id(tokenizer, token)
         # must be an added token, else the BPE would split the literal "<|eot_id|>" of chat_prompt into pieces
         if encode(tokenizer, token) != [ids[token]]:
             raise ValueError(f"the tokenizer does not read {token!r} in text as one token; it must be listed under "
                              "'added_tokens' in tokenizer.json")
-    return SpecialIds(bos=ids[BOS], eos=ids["eos_token_id"], pad=ids["pad_token_id"], mask=ids["mask_token_id"],
-                      eot=ids[EOT], start_header=ids[START_HEADER], end_header=ids[END_HEADER])
+    common = dict(eos=ids["eos_token_id"], pad=ids["pad_token_id"], mask=ids["mask_token_id"])
+    if chatml:
+        return SpecialIds(**common, eot=ids[IM_END], start_header=ids[IM_START])
+    return SpecialIds(**common, eot=ids[EOT], bos=ids[BOS], start_header=ids[START_HEADER],
+                      end_header=ids[END_HEADER])
 
 
 def check_mask_token(tokenizer, config):
@@ -131,38 +253,51 @@ def check_mask_token(tokenizer, config):
         if not 0 <= getattr(config, name) < E:
             raise ValueError(f"config.json field {name!r} = {getattr(config, name)} is outside the embedding "
                              f"(embedding_size = {E}: ids 0 .. {E - 1}); config.json belongs to another model?")
-    mask_id, tokenizer_mask_id = config.mask_token_id, tokenizer.token_to_id(MASK)
+    mask_id, mask = config.mask_token_id, DREAM_MASK if chat_format(tokenizer) == "chatml" else MASK
+    tokenizer_mask_id = tokenizer.token_to_id(mask)
     if tokenizer_mask_id is not None and tokenizer_mask_id != mask_id:
-        raise ValueError(f"config.json field 'mask_token_id' = {mask_id}, but the tokenizer's {MASK!r} token is id "
+        raise ValueError(f"config.json field 'mask_token_id' = {mask_id}, but the tokenizer's {mask!r} token is id "
                          f"{tokenizer_mask_id}: tokenizer.json and config.json come from different models (or set "
                          f"mask_token_id to {tokenizer_mask_id})")
     token, added = tokenizer.id_to_token(mask_id), tokenizer.get_added_tokens_decoder()
     if token is not None and not (mask_id in added and added[mask_id].special):
         raise ValueError(f"config.json field 'mask_token_id' = {mask_id} is the tokenizer's ordinary token {token!r}, "
-                         f"which text produces; the mask must be a special token ({MASK!r} in LLaDA's tokenizer.json)")
+                         f"which text produces; the mask must be a special token ({MASK!r} in LLaDA's tokenizer.json, "
+                         f"{DREAM_MASK!r} in Dream's)")
 
 
 # -----------------------------------------------------------------------------
-# LLaDA's chat format
+# Chat formats: LLaDA-8B-Instruct's (Llama 3's headers) and Dream-v0's (Qwen2.5's ChatML); the tokenizer says which
 
 
-def chat_prompt(messages):
-    """LLaDA-8B-Instruct's chat template, written out: BOS once, each turn with its header, then the assistant
-    header that the answer (or generation) follows. `messages` is a list of {"role", "content"}.
+def chat_prompt(messages, fmt="llada"):
+    """The chat template, written out: each turn, then the header of the assistant turn that the answer (or
+    generation) follows. `messages` is a list of {"role", "content"}; fmt is chat_format(tokenizer).
 
-    The official Jinja template appends '<|start_header_id|>assistant<|end_header_id|>\\n\\n' after EVERY
-    conversation, even one that already ends with the assistant's answer; d1 and wd1 inherited that stray header
-    at the end of their SFT sequences. We do not reproduce it: a training sequence ends with the answer's
-    <|eot_id|> and then the pads."""
+    "llada", LLaDA-8B-Instruct's: BOS once, each turn with its header. The official Jinja template appends
+    '<|start_header_id|>assistant<|end_header_id|>\\n\\n' after EVERY conversation, even one that already ends
+    with the assistant's answer; d1 and wd1 inherited that stray header at the end of their SFT sequences. We do not
+    reproduce it: a training sequence ends with the answer's <|eot_id|> and then the pads.
+    "chatml", Dream-v0's (Qwen2.5's tokenizer_config.json template): '<|im_start|>role\\n...<|im_end|>\\n' per
+    turn, a system turn CHATML_SYSTEM first when the messages have none, then '<|im_start|>assistant\\n'."""
+    if fmt == "chatml":
+        system = [] if messages and messages[0]["role"] == "system" else [dict(role="system", content=CHATML_SYSTEM)]
+        turns = "".join(f"{IM_START}{m['role']}\n{m['content'].strip()}{IM_END}\n" for m in system + list(messages))
+        return turns + f"{IM_START}assistant\n"
     text = BOS
     for m in messages:
         text += f"{START_HEADER}{m['role']}{END_HEADER}\n\n{m['content'].strip()}{EOT}"
     return text + f"{START_HEADER}assistant{END_HEADER}\n\n"
 
 
+def turn_end(fmt):
+    """The token that ends a turn, and so a training answer: <|eot_id|> (LLaDA) or <|im_end|> (ChatML)."""
+    return IM_END if fmt == "chatml" else EOT
+
+
 def encode_prompt(tokenizer, messages):
-    """The ids a model is given to answer `messages` (for generation)."""
-    return encode(tokenizer, chat_prompt(messages))
+    """The ids a model is given to answer `messages` (for generation), in the tokenizer's chat format."""
+    return encode(tokenizer, chat_prompt(messages, chat_format(tokenizer)))
 
 
 def _unknown_token(tokenizer):
@@ -237,8 +372,9 @@ def encode_text(tokenizer, text, what="the prompt"):
 def encode_pairs(tokenizer, pairs):
     """[(messages, answer)] -> per pair (ids, prompt_len), or a BadRow when the tokenizer cannot encode its text (a
     character outside its vocabulary: it raises, or gives its unknown token). See encode_examples."""
-    eot = _token_id(tokenizer, EOT)
-    texts = [chat_prompt(messages) for messages, _ in pairs] + [answer.strip() for _, answer in pairs]
+    fmt = chat_format(tokenizer)
+    eot = _token_id(tokenizer, turn_end(fmt))
+    texts = [chat_prompt(messages, fmt) for messages, _ in pairs] + [answer.strip() for _, answer in pairs]
     try:
         encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
     except Exception:  # some text holds a character with no token (e.g. "Missing [UNK] token"): find which
@@ -446,65 +582,18 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
 
 
 # -----------------------------------------------------------------------------
-# Batching and sharding
-
-
-def collate(examples, pad_id, pad_to=None):
-    """[(ids, prompt_len)] -> input_ids (B, L) long, answer_mask (B, L) bool (the positions >= prompt_len).
-
-    Right-pads with pad_id (LLaDA: <|endoftext|>) to the longest example, or to pad_to (d1 / wd1 pad every
-    example to 4096, which changes what GIFT's beta_ref averages over). Pads are answer positions: the loss is
-    trained on them, as LLaDA's SFT recipe does."""
-    if not examples:
-        raise ValueError("collate got no examples (an empty micro-batch needs a zero-weight dummy row instead)")
-    longest = max(len(ids) for ids, _ in examples)
-    L = longest if pad_to is None else pad_to
-    if longest > L:
-        raise ValueError(f"an example has {longest} tokens, more than pad_to={pad_to}")
-    input_ids = torch.full((len(examples), L), pad_id, dtype=torch.long)  # (B, L)
-    for i, (ids, _) in enumerate(examples):
-        input_ids[i, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-    prompt_lengths = torch.tensor([prompt_len for _, prompt_len in examples], dtype=torch.long)  # (B,)
-    return input_ids, torch.arange(L)[None] >= prompt_lengths[:, None]
-
-
-def epoch_order(n, epoch, seed):
-    """A fresh permutation of range(n) for each epoch, the same on every rank (every rank holds the dataset)."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(n, generator=generator).tolist()
-
-
-def step_batches(order, global_batch):
-    """The epoch's optimizer steps: consecutive chunks of global_batch indices; the last may be short."""
-    return [order[i:i + global_batch] for i in range(0, len(order), global_batch)]
-
-
-def _split_even(items, k):
-    """k consecutive parts whose sizes differ by at most one, the larger first (like numpy.array_split)."""
-    size, extra = divmod(len(items), k)
-    bounds = [i * size + min(i, extra) for i in range(k + 1)]
-    return [items[bounds[i]:bounds[i + 1]] for i in range(k)]
-
-
-def rank_micro_batches(step_indices, rank, world_size, micro_batch, accum):
-    """This rank's share of one optimizer step, as exactly `accum` micro-batches (lists of example indices).
-
-    The step is split into `accum` consecutive global micro-batches, and global micro-batch j into `world_size`
-    consecutive parts, part r going to rank r. So the union over ranks of everyone's micro-batch j is the
-    single-process micro-batch j of the same step (world_size=1, micro_batch=world_size*micro_batch, same
-    accum). A full step gives every rank exactly micro_batch examples per micro-batch; the short last step of an
-    epoch is spread evenly, so a micro-batch may be EMPTY: the training loop then runs a zero-weight dummy row so
-    that DDP / FSDP collectives stay in lockstep."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in [0, {world_size})")
-    if len(step_indices) > world_size * micro_batch * accum:
-        raise ValueError(f"a step of {len(step_indices)} examples does not fit world_size {world_size} x "
-                         f"micro_batch {micro_batch} x accum {accum}")
-    return [_split_even(chunk, world_size)[rank] for chunk in _split_even(list(step_indices), accum)]
-
-
-# -----------------------------------------------------------------------------
 # The embedded task: 4x4 Sudoku (grids are 16-character strings, row-major, "0" = blank)
+
+
+def data_fingerprint(examples):
+    """sha256 of the tokenised examples in order (token ids and prompt lengths): it changes with the file's content,
+    its format, the tokenizer and --max-len, not with the file's path or date."""
+    h = hashlib.sha256()
+    for ids, prompt_len in examples:
+        ids = torch.as_tensor(ids, dtype=torch.int64)  # a list or data.load_dataset's int32 tensor, read in C
+        h.update(array.array("q", (len(ids), prompt_len)).tobytes())
+        h.update(ids.numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def sudoku_valid(grid):
@@ -603,28 +692,69 @@ def sudoku_examples(tokenizer, pairs):
     return encode_examples(tokenizer, [(sudoku_messages(p), sudoku_answer(s)) for p, s in pairs])
 
 
-def make_char_tokenizer(chars=CHAR_VOCAB):
+def make_char_tokenizer(chars=None, family="llada"):
     """A character-level tokenizer for the embedded task: one token per character of `chars` (ids 0..), then
-    LLaDA's special tokens as added special tokens, matched in text. Save it with
+    LLaDA's special tokens (family "dream": Dream's, for its ChatML format) as added special tokens, matched in text.
+    Save it with
     `tokenizer.save(str(folder / "tokenizer.json"))` beside the checkpoint; load_tokenizer reads it back.
     Encoding a character outside `chars` raises (WordLevel has no unknown token)."""
+    chars = chars or (DREAM_CHAR_VOCAB if family == "dream" else CHAR_VOCAB)
     tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every char alone
     tokenizer.decoder = decoders.Fuse()  # decode joins the characters back without spaces
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    specials = DREAM_SPECIAL_TOKENS if family == "dream" else SPECIAL_TOKENS
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return tokenizer
 
 
 def tiny_config_for(tokenizer, **model_sizes):
-    """An LLaDAConfig for a tokenizer that carries LLaDA's special tokens (e.g. make_char_tokenizer()): mask and
+    """An LLaDAConfig for a tokenizer that carries LLaDA's special tokens (e.g. make_char_tokenizer()), or Dream's
+    (make_char_tokenizer(family="dream"): a Dream-v0 config, q/k/v biases, rope theta 1e6, rms eps 1e-6): mask and
     eos = pad ids from it, vocab_size = embedding_size = its size rounded up to a multiple of 8. model_sizes are
     LLaDAConfig fields (d_model, n_heads, n_layers, mlp_hidden_size, max_sequence_length, ...)."""
     from model import LLaDAConfig  # imported here so data.py works on its own
 
     vocab = -(-tokenizer.get_vocab_size(with_added_tokens=True) // 8) * 8
     eos = _token_id(tokenizer, EOS)
-    return LLaDAConfig(vocab_size=vocab, embedding_size=vocab, mask_token_id=_token_id(tokenizer, MASK),
-                       eos_token_id=eos, pad_token_id=eos, **model_sizes)
+    if chat_format(tokenizer) == "chatml":
+        model_sizes = dict(dict(model_type="Dream", include_qkv_bias=True, rope_theta=1e6, rms_norm_eps=1e-6),
+                           **model_sizes)
+        mask = _token_id(tokenizer, DREAM_MASK)
+    else:
+        mask = _token_id(tokenizer, MASK)
+    return LLaDAConfig(vocab_size=vocab, embedding_size=vocab, mask_token_id=mask, eos_token_id=eos, pad_token_id=eos,
+                       **model_sizes)
+
+
+# -----------------------------------------------------------------------------
+# The embedded task's data: what `python gift.py` trains on with no --model (a tiny LLaDA learns 4x4 Sudoku)
+
+# training puzzles; the held-out ones (gift.py --eval-puzzles, 8 blanks as d1's) come from `test_grids` of the 288
+# solution grids, which training never sees
+EMBEDDED_PUZZLES = dict(n_train=19200, n_blanks=(2, 8), test_grids=32)  # 300 steps of 64 per epoch
+# the answer "<answer>{16 digits}</answer><|eot_id|>" is 34 tokens: generate exactly that, one token per step. Saved
+# in every exported model folder (generation_defaults.json), with the held-out puzzles, for sample.py and eval.py
+EMBEDDED_EVAL = dict(task="sudoku", prompt_style="plain", gen_length=34, block_length=34, steps=34,
+                     test_data="sudoku_heldout.csv")
+
+
+def embedded_task(seed, eval_puzzles):
+    """The embedded task's data: a char-level tokenizer with LLaDA's special tokens, training examples, and
+    `eval_puzzles` held-out (puzzle, solution) pairs, split by solution grid: the held-out puzzles come from grids
+    that no training puzzle comes from (the same seed draws the same grid split in both calls)."""
+    tokenizer = make_char_tokenizer()
+    n_train, n_blanks, test_grids = (EMBEDDED_PUZZLES[k] for k in ("n_train", "n_blanks", "test_grids"))
+    train_pairs, _ = sudoku_split(n_train, 0, n_blanks, seed=seed, test_grids=test_grids)
+    _, heldout = sudoku_split(0, eval_puzzles, 8, seed=seed, test_grids=test_grids)
+    return tokenizer, sudoku_examples(tokenizer, train_pairs), heldout
+
+
+def describe_embedded(heldout, heldout_file):
+    """The embedded task's data in words (gift.py prints it at start-up)."""
+    low, high = EMBEDDED_PUZZLES["n_blanks"]
+    return (f"data: {EMBEDDED_PUZZLES['n_train']:,} 4x4 Sudoku puzzles with {low}-{high} blanks for training; "
+            f"{len(heldout)} held-out puzzles with 8 blanks from {EMBEDDED_PUZZLES['test_grids']} of the 288 solution "
+            f"grids, never seen in training ({heldout_file})")
 
 
 # -----------------------------------------------------------------------------

@@ -8,9 +8,11 @@ The file reads in three parts:
             objectives, the one loss (Algorithm 2). Tensors in, tensors out; only math and torch: copy it next to
             any LLaDA (ours, or the official Hugging Face one: hidden states of `output_hidden_states=True` and its
             `ff_out` head).
-  Part II   Training: the options (`python gift.py --help`), one optimizer step (`train_step`), the loop (`train_loop`).
+  Part II   Training: the options (`python gift.py --help`), the model on its devices, GIFT's passes besides the loss
+            (the entropy pass on the model, GIFT*'s frozen betas, betas reused for K epochs), one optimizer step
+            (`train_step`), the loop (`train`). Read top to bottom, it never sends you to Part III.
   Part III  Long-job machinery, not needed to understand GIFT: fingerprints, the output folder's lock, preemption,
-            checkpoints, the GIFT* cache, the beta cache, distributed helpers; then `main()`.
+            status.json, checkpoints (`CheckpointManager`), the metrics log; then `main()`.
 
 Every objective in the paper is ONE estimator of the weighted loss of Theorem 1 (eq. 10):
 
@@ -310,18 +312,20 @@ def diffusion_loss(hidden, head, input_ids, noisy_ids, weight, answer_mask, mask
 
 
 # =====================================================================================================================
-# Part II. Training: `torchrun --nproc_per_node N gift.py [options]`, or `python gift.py` for one process. The options
-# (their help strings are `--help`), one optimizer step of Algorithm 2 (`train_step`), and the loop (`train`). With no
-# --model it trains the embedded default: a tiny LLaDA from scratch on 4x4 Sudoku, then evaluates it.
+# Part II. Training: `torchrun --nproc_per_node N gift.py [options]`, or `python gift.py` for one process. In reading
+# order: the options (their help strings are `--help`); the model on its devices; GIFT's passes besides the loss
+# (Algorithm 1 on the model, GIFT*'s frozen betas, betas reused for K epochs); one optimizer step of Algorithm 2
+# (`train_step`); the loop (`train`). With no --model it trains the embedded default: a tiny LLaDA from scratch on
+# 4x4 Sudoku (data.py), evaluated on held-out puzzles afterwards (eval.py).
 # =====================================================================================================================
 
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -330,10 +334,11 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data import (FORMATS, collate, epoch_order, load_dataset, load_tokenizer, make_char_tokenizer,
-                  rank_micro_batches, special_ids, step_batches, sudoku_examples, sudoku_split, tiny_config_for)
-from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, add_lora, atomic_write_text, load_weight_rows,
-                   lora_disabled, lora_layers, stored_dtype)
+from data import (EMBEDDED_EVAL, FORMATS, data_fingerprint, describe_embedded, embedded_task, load_dataset,
+                  load_tokenizer, special_ids, tiny_config_for)
+from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, add_lora, atomic_write_text, end_distributed,
+                   folder_fingerprint, load_weight_rows, lora_disabled, lora_layers, parse_dataclass_flags,
+                   setup_distributed, stored_dtype, tensors_fingerprint)
 
 DTYPES = ("auto", "bfloat16", "float32")
 
@@ -400,18 +405,11 @@ class TrainOptions:
 # They apply only when --model is empty, and only to options not given on the command line. Chosen by a sweep over
 # seeds (experiments/tune_embedded.py; the README gives the runs): lr 2e-3 or batch 32 learned in some seeds and stayed
 # on a plateau in others, weight decay and wider or deeper models learned later; lr 1e-3, batch 64, 1,500 steps reached
-# 94-100% held-out cells in every seed tried.
+# 94-100% held-out cells in every seed tried. Its puzzles and generation settings are data.py's EMBEDDED_*.
 EMBEDDED = dict(out="runs/sudoku-tiny", loss="gift", epochs=5, grad_accum=1, lr=1e-3,
                 schedule="cosine", warmup_steps=50, weight_decay=0.0, log_every=100)
 EMBEDDED_MODEL = dict(d_model=64, n_heads=4, n_kv_heads=4, n_layers=3, mlp_hidden_size=192, max_sequence_length=256)
 EMBEDDED_GLOBAL_BATCH = 64  # split over the processes, so `python gift.py` and torchrun compute the same run
-# training puzzles; the held-out ones (--eval-puzzles, 8 blanks as d1's) come from `test_grids` of the 288 solution
-# grids, which training never sees
-EMBEDDED_PUZZLES = dict(n_train=19200, n_blanks=(2, 8), test_grids=32)  # 300 steps of 64 per epoch
-# the answer "<answer>{16 digits}</answer><|eot_id|>" is 34 tokens: generate exactly that, one token per step. Saved
-# in every exported model folder (generation_defaults.json), with the held-out puzzles, for sample.py and eval.py
-EMBEDDED_EVAL = dict(task="sudoku", prompt_style="plain", gen_length=34, block_length=34, steps=34,
-                     test_data="sudoku_heldout.csv")
 
 
 def parse_options(argv=None):
@@ -464,10 +462,11 @@ def check_options(opts, error):
         print("warning: --lr 0: the weights will not change", file=sys.stderr)
     if not 0 <= opts.eps < 1:
         error(f"--eps {opts.eps}: must be in [0, 1) (t -> (1 - eps) t + eps)")
-    block_linears = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out")
-    unknown = [t for t in opts.lora_targets.split(",") if t not in block_linears]
+    linears = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out",  # LLaDA's names
+               "o_proj", "gate_proj", "down_proj", "lm_head")  # and Dream's (Qwen's) for the others
+    unknown = [t for t in opts.lora_targets.split(",") if t not in linears]
     if opts.lora and unknown:
-        error(f"--lora-targets: {unknown} not among a block's linears {', '.join(block_linears)}")
+        error(f"--lora-targets: {unknown} not among the linears {', '.join(linears)} (LLaDA's or Dream's names)")
     if opts.data and not opts.model:
         error("--data needs --model (without --model the built-in Sudoku task trains and --data is unused)")
     if opts.lora and not opts.model:
@@ -490,22 +489,103 @@ def check_options(opts, error):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# One optimizer step
+# Processes: rank 0 and the collectives a step needs (each a no-op for one process, so that `python gift.py` and
+# torchrun run the same code; torchrun's set-up is model.setup_distributed)
 
 
-@dataclass
-class MicroBatch:
-    """One rank's micro-batch of one optimizer step (step_micro_batches builds it; train_step fills the last fields)."""
-    input_ids: torch.Tensor  # (B, L) clean sequences, right-padded
-    answer_mask: torch.Tensor  # (B, L) bool: answer positions (padding included), where the loss lives
-    generators: object  # one torch.Generator per row (its t and its mask), or one for the whole micro-batch
-    ref_betas: torch.Tensor = None  # (B, L) precomputed betas: GIFT*'s initial model's, or BetaCache's
-    real: bool = True  # False: a zero-weight dummy row that keeps the DDP / FSDP2 collectives in lockstep
-    indices: list = None  # the rows' example indices
-    stale: torch.Tensor = None  # (B,) bool, BetaCache: rows whose betas the first pass must recompute
-    noisy_ids: torch.Tensor = None  # (B, L) input_ids with the masked positions set to the mask token
-    weight: torch.Tensor = None  # (B, L) w_i
-    beta: torch.Tensor = None  # (B, L) the betas used (None for sft and dream)
+def is_rank0():
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def print0(*args):
+    if is_rank0():
+        print(*args, flush=True)
+
+
+def barrier():
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(values, device):
+    """Sum a list of floats over ranks, in float64."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def gather_objects(obj):
+    """Every rank's object, on every rank, in rank order."""
+    if dist.is_initialized():
+        out = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+    return [obj]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The model on its devices: LoRA adapters on a frozen base, replicated by DDP; or full fine-tuning, sharded by FSDP2
+
+
+def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=False, seed=0):
+    """lora=None: full fine-tuning; float32 master weights, sharded with FSDP2 over `world` > 1 processes (one
+    group per block, then the root), computing in `dtype` with float32 gradient reductions.
+    lora=dict(r=, alpha=, dropout=, targets=): float32 adapters (A initialised from `seed`) on a frozen base in
+    `dtype`, replicated with DDP over `world` > 1 processes.
+    A full fine-tuning model built on the meta device is sharded there and then given empty float32 storage on
+    `device`: fill it with model.load_weight_rows (each rank reads only its rows; no process holds the whole model)."""
+    if activation_checkpointing:
+        model.set_activation_checkpointing(True)
+    if lora is not None:
+        model.to(device=device, dtype=dtype)
+        add_lora(model, **lora, generator=torch.Generator().manual_seed(seed))
+        if world > 1:
+            model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        return model
+    on_meta = next(model.parameters()).is_meta
+    if not on_meta:
+        model.to(device=device, dtype=torch.float32)
+    if world > 1:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        for block in model.model.transformer.blocks:
+            fully_shard(block, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    if on_meta:
+        model.to_empty(device=device)
+    return model
+
+
+def unwrap(model):
+    """The model itself: DDP keeps it in .module (FSDP2 does not wrap)."""
+    return getattr(model, "module", model)
+
+
+def gradient_sync(model, enabled):
+    """Skip the gradient all-reduce on all but the last micro-step (DDP: no_sync; FSDP2: requires_gradient_sync)."""
+    if isinstance(model, DDP):
+        return contextlib.nullcontext() if enabled else model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(enabled)
+    return contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GIFT's passes besides the loss: Algorithm 1 on the model (the betas of a no-grad first pass); GIFT*'s betas of the
+# frozen initial model, computed once and cached in <out>/ref_betas.pt; betas reused for K epochs (BetaCache)
+
+
+def predicting_hidden(model, input_ids):
+    """The model's final hidden states (B, L, D), each at the position of the token it predicts: what Part I takes.
+    LLaDA predicts token i from position i. A family that predicts shifted (Dream: the state at i - 1 predicts token
+    i, model.predicts_shifted) has its states moved one position right, the first kept (as Dream's generation code
+    moves its logits), so that the first answer token is read from the last prompt position. The shift is here, where
+    the model is run, and nowhere in Part I."""
+    hidden = model(input_ids, return_hidden=True)  # (B, L, D)
+    if unwrap(model).predicts_shifted:
+        hidden = torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
+    return hidden
 
 
 def first_pass_betas(model, betas_from, input_ids, answer_mask, mask_id, beta_power=BETA_POWER, chunk_size=CE_CHUNK):
@@ -515,16 +595,144 @@ def first_pass_betas(model, betas_from, input_ids, answer_mask, mask_id, beta_po
     core = unwrap(model)
     if betas_from == "initial" and not lora_layers(core):
         raise ValueError("gift.py first_pass_betas: gift-star needs the initial model's betas, but this model has no "
-                         "LoRA adapters to disable; with full fine-tuning precompute them and pass ref_betas")
+                         "LoRA adapters to disable; with full fine-tuning give MicroBatch.precomputed_betas")
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad(), lora_disabled(core) if betas_from == "initial" else contextlib.nullcontext():
-            hidden = model(mask_answer(input_ids, answer_mask, mask_id), return_hidden=True)  # (B, L, D)
+            hidden = predicting_hidden(model, mask_answer(input_ids, answer_mask, mask_id))  # (B, L, D)
             H, nll = answer_entropy_and_nll(hidden, core.head, input_ids, answer_mask, chunk_size)
     finally:
         model.train(was_training)
     return nll if betas_from == "nll" else entropy_betas(H, answer_mask, beta_power)
+
+
+@torch.no_grad()
+def initial_model_betas(model, examples, pad_id, length, batch_size, device, beta_power=BETA_POWER):
+    """Algorithm 1 with the model as it is now, adapters disabled under LoRA: call it before any checkpoint is
+    loaded and it gives GIFT*'s betas of the INITIAL model. Each example padded to `length` (a batch of length
+    L < length uses the first L). Returns (len(examples), length) float32 on the CPU."""
+    rows = []
+    mask_id = unwrap(model).config.mask_token_id
+    betas_from = "initial" if lora_layers(unwrap(model)) else "entropy"
+    for start in range(0, len(examples), batch_size):
+        input_ids, answer_mask = collate(examples[start:start + batch_size], pad_id, pad_to=length)
+        betas = first_pass_betas(model, betas_from, input_ids.to(device), answer_mask.to(device), mask_id, beta_power)
+        rows.append(betas.float().cpu())
+    return torch.cat(rows) if rows else torch.zeros(0, length)
+
+
+def gift_star_betas(model, inputs, path, pad_to, batch_size, beta_power, device, autocast=contextlib.nullcontext()):
+    """GIFT*'s betas: initial_model_betas for every example of `inputs` (RunInputs), each padded to `pad_to` (0: to
+    the longest), the ranks splitting the examples, cached in `path` under a key (the fingerprints of the data and the
+    base model, beta_power, the length): a resumed run reads them back, a run on other data or another base recomputes
+    them. (len(examples), length) float32 on the CPU."""
+    examples, pad_id = inputs.examples, inputs.pad_id
+    length = pad_to or max(len(ids) for ids, _ in examples)
+    key = dict(inputs.fingerprints, beta_power=beta_power, length=length)
+    if path.exists():
+        try:
+            cache = torch.load(path)
+            if cache.get("key") == key and cache["betas"].shape == (len(examples), length):
+                return cache["betas"]
+            print0(f"{path}: computed for other data, another base model or other settings; recomputing")
+        except Exception as e:  # a damaged file: the betas are recomputed from the initial model, which is still here
+            print0(f"{path} is unreadable ({type(e).__name__}: {e}); recomputing it")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    mine = list(range(rank, len(examples), world))
+    padded = mine + [0] * (math.ceil(len(examples) / world) - len(mine))  # equal batches: FSDP2's forward is collective
+    with autocast:
+        part = initial_model_betas(model, [examples[i] for i in padded], pad_id, length, batch_size, device, beta_power)
+    betas = torch.zeros(len(examples), length)
+    for r, part_r in enumerate(gather_objects(part[:len(mine)])):
+        betas[r::world] = part_r
+    if is_rank0():
+        torch.save({"key": key, "betas": betas}, path.with_suffix(".tmp"))
+        os.replace(path.with_suffix(".tmp"), path)
+    return betas
+
+
+class BetaCache:
+    """--beta-refresh-epochs K: GIFT's betas reused for K epochs. Each example's betas are kept with the epoch of the
+    entropy pass that made them, and recomputed (by a first pass over the stale rows of the micro-batch only) when
+    they are K or more epochs old; K = 0 never recomputes them (the betas of the example's first visit, close to
+    GIFT*'s initial-model betas). Every example is visited once per epoch, so with K = 3 an example's pass runs in
+    epochs 0, 3, 6, ... Every rank holds the whole cache (train_step's new rows are gathered), so the cache does not
+    depend on which rank sees an example, and the checkpoint saves it (loop_state.pt) for an exact resume. Its size:
+    4 bytes per token of the padded data on every rank (s1K: ~16 MB; a million 1000-token examples: 4 GB)."""
+
+    def __init__(self, n_examples, refresh_epochs):
+        self.refresh_epochs = refresh_epochs
+        self.epoch = torch.full((n_examples,), -1, dtype=torch.int64)  # -1: never computed
+        self.betas = [torch.zeros(0)] * n_examples  # (L_i,) float32, L_i = the padded length of its micro-batch
+
+    def is_stale(self, index, epoch):
+        made = int(self.epoch[index])
+        return made < 0 or (self.refresh_epochs > 0 and epoch - made >= self.refresh_epochs)
+
+    def attach(self, micro_batches, epoch):
+        """Set each micro-batch's precomputed_betas (fresh rows: the cached betas; stale rows: zeros until train_step's
+        first pass fills them) and stale. A row cached at another padded length is cut, or extended with its
+        last value (an EOS pad's beta)."""
+        for mb in micro_batches:
+            B, L = mb.input_ids.shape
+            mb.stale = torch.tensor([self.is_stale(i, epoch) for i in mb.indices])
+            rows = torch.zeros(B, L)
+            for r, i in enumerate(mb.indices):
+                cached = self.betas[i]
+                if not mb.stale[r]:
+                    rows[r, :min(L, len(cached))] = cached[:L]
+                    rows[r, len(cached):] = cached[-1]
+            mb.precomputed_betas = rows.to(mb.input_ids.device)
+
+    def update(self, micro_batches, epoch):
+        """Store the betas train_step computed for the stale real rows, from every rank."""
+        mine = [(i, mb.precomputed_betas[r].float().cpu()) for mb in micro_batches if mb.real
+                for r, i in enumerate(mb.indices) if mb.stale[r]]
+        for part in (gather_objects(mine) if dist.is_initialized() else [mine]):
+            for i, row in part:
+                self.epoch[i], self.betas[i] = epoch, row
+
+    def state_dict(self):
+        return dict(refresh_epochs=self.refresh_epochs, epoch=self.epoch, betas=self.betas)
+
+    def load_state_dict(self, state):
+        self.epoch, self.betas = state["epoch"], list(state["betas"])
+
+
+def refresh_stale_betas(model, mb, betas_from, beta_power, autocast, world, device):
+    """BetaCache: write the first pass's betas of mb's stale rows into mb.precomputed_betas. With several ranks,
+    every rank runs a pass when any rank has a stale row (FSDP2's forward is collective): a rank with none runs its
+    first row and discards the result."""
+    stale = mb.stale.to(device)
+    n_stale = int(stale.sum())
+    if (all_reduce_sum([n_stale], device)[0] if world > 1 else n_stale) == 0:  # no rank has a stale row
+        return
+    rows = stale if n_stale else torch.arange(len(stale), device=device) == 0
+    with autocast:
+        fresh = first_pass_betas(model, betas_from, mb.input_ids[rows], mb.answer_mask[rows],
+                                 unwrap(model).config.mask_token_id, beta_power)
+    if n_stale:
+        mb.precomputed_betas[stale] = fresh.to(mb.precomputed_betas.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One optimizer step
+
+
+@dataclass
+class MicroBatch:
+    """One rank's micro-batch of one optimizer step (step_micro_batches builds it; train_step fills the last fields)."""
+    input_ids: torch.Tensor  # (B, L) clean sequences, right-padded
+    answer_mask: torch.Tensor  # (B, L) bool: answer positions (padding included), where the loss lives
+    generators: object  # one torch.Generator per row (its t and its mask), or one for the whole micro-batch
+    precomputed_betas: torch.Tensor = None  # (B, L) betas made before the step: GIFT*'s, or BetaCache's
+    real: bool = True  # False: a zero-weight dummy row that keeps the DDP / FSDP2 collectives in lockstep
+    indices: list = None  # the rows' example indices
+    stale: torch.Tensor = None  # (B,) bool, BetaCache: rows whose betas the first pass must recompute
+    noisy_ids: torch.Tensor = None  # (B, L) input_ids with the masked positions set to the mask token
+    weight: torch.Tensor = None  # (B, L) w_i
+    beta: torch.Tensor = None  # (B, L) the betas used (None for sft and dream)
 
 
 def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, beta_power=BETA_POWER, grad_clip=1.0,
@@ -544,7 +752,7 @@ def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, bet
         if mb.stale is not None:  # BetaCache: the first pass over the stale rows only
             refresh_stale_betas(model, mb, betas_from, beta_power, autocast, world, device)
         with autocast:
-            mb.beta = mb.ref_betas
+            mb.beta = mb.precomputed_betas
             if mb.beta is None and betas_from is not None:
                 mb.beta = first_pass_betas(model, betas_from, mb.input_ids, mb.answer_mask, mask_id, beta_power)
             mb.noisy_ids, weight = objective_batch(loss_name, mb.input_ids, mb.answer_mask, mb.generators, mask_id,
@@ -561,7 +769,7 @@ def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, bet
     denominator = max(counts["n_masked"], 1.0) if norm == "masked" else counts["n_rows"]
     for j, mb in enumerate(micro_batches):
         with gradient_sync(model, enabled=j == len(micro_batches) - 1), autocast:
-            hidden = model(mb.noisy_ids, return_hidden=True)  # (B, L, D)
+            hidden = predicting_hidden(model, mb.noisy_ids)  # (B, L, D)
             loss = diffusion_loss(hidden, core.head, mb.input_ids, mb.noisy_ids, mb.weight, mb.answer_mask, mask_id,
                                   norm, denominator)
             (loss * world).backward()
@@ -609,26 +817,23 @@ def step_counts(micro_batches, mask_id):
 # The loop
 
 
-def train_loop(opts, preemption):
-    """The whole run on every rank (`train` claims the output folder and catches preemption signals first): set-up,
-    the model and the data, resume, then one optimizer step per iteration with its bookkeeping (log, checkpoint,
-    preemption). Returns (model, tokenizer, held-out puzzles or None, the last checkpoint's folder)."""
+def train(opts, preemption):
+    """The whole run on every rank (main claims the output folder and catches preemption signals first): the model
+    and the data, the optimizer, resume, then one optimizer step per iteration and its bookkeeping (a log line, a
+    checkpoint when due). Returns (the trained model, the run's RunInputs, the last checkpoint's folder)."""
     rank, world, device = setup_distributed()
-    out = Path(opts.out)
     dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
              "bfloat16": torch.bfloat16, "float32": torch.float32}[opts.dtype]
     # bf16: autocast on the CPU as on a GPU (one code path); norms, softmax and losses stay float32 (model.py, above)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16
                 else contextlib.nullcontext())
-    candidates = broadcast_object(on_rank0(lambda: resume_candidates(out))) if opts.resume else []
 
-    # the model, the tokenizer and the data (every rank builds the same); refuse to resume with other ones early
-    task = load_task(opts, rank, dtype)
-    if candidates:
-        check_resumable(out / "checkpoints" / candidates[0], opts, world, task)
-    lora = (dict(r=opts.lora_r, alpha=opts.lora_alpha, dropout=opts.lora_dropout,
-                 targets=tuple(opts.lora_targets.split(","))) if opts.lora else None)
-    model = wrap_model(task.model, device, dtype, world, lora, opts.activation_checkpointing, opts.seed)
+    # the model, the tokenizer and the data (every rank builds the same); a checkpoint with other ones is refused
+    # here, before the weights load
+    inputs = load_inputs(opts, rank, dtype)
+    checkpoints = CheckpointManager(opts, world, inputs, preemption)
+    lora = lora_settings(opts)
+    model = wrap_model(inputs.model, device, dtype, world, lora, opts.activation_checkpointing, opts.seed)
     if opts.model and not opts.lora:
         load_weight_rows(model, opts.model, rank, world)  # full fine-tuning: each rank reads only its rows
 
@@ -636,39 +841,30 @@ def train_loop(opts, preemption):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=opts.weight_decay)
     global_batch = opts.batch_size * opts.grad_accum * world
-    total_steps = opts.epochs * math.ceil(len(task.examples) / global_batch)
+    total_steps = opts.epochs * math.ceil(len(inputs.examples) / global_batch)
     total_steps = min(total_steps, opts.max_steps) if opts.max_steps else total_steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(opts.schedule, opts.warmup_steps, total_steps))
-    print0(banner(opts, task, model, world, device, dtype, total_steps, global_batch))
-    check_run_size(opts, len(task.examples), total_steps)
+    print0(banner(opts, inputs, model, world, device, dtype, total_steps, global_batch))
+    check_run_size(opts, len(inputs.examples), total_steps)
 
-    # GIFT*: the INITIAL model's betas, before any checkpoint is loaded (Appendix "GIFT*"); --beta-refresh-epochs
-    ref_betas = None
-    if opts.loss == "gift-star":
-        length = opts.max_len if opts.pad_to_max_len else max(len(ids) for ids, _ in task.examples)
-        with autocast:
-            ref_betas = gift_star_betas(model, task.examples, out / "ref_betas.pt", task.pad_id, length,
-                                        opts.batch_size, device,
-                                        dict(task.fingerprints, beta_power=opts.beta_power, length=length),
-                                        opts.beta_power)
-    beta_cache = BetaCache(len(task.examples), opts.beta_refresh_epochs) if opts.beta_refresh_epochs != 1 else None
+    # betas made before a step: GIFT*'s, of the INITIAL model, before any checkpoint loads; or --beta-refresh-epochs'
+    pad_to = opts.max_len if opts.pad_to_max_len else 0
+    precomputed_betas = (gift_star_betas(model, inputs, Path(opts.out) / "ref_betas.pt", pad_to, opts.batch_size,
+                                         opts.beta_power, device, autocast) if opts.loss == "gift-star" else None)
+    beta_cache = BetaCache(len(inputs.examples), opts.beta_refresh_epochs) if opts.beta_refresh_epochs != 1 else None
 
     # resume: the model, the optimizer, the schedule, the RNG states and the beta cache, or a fresh start
     torch.manual_seed(opts.seed * 1000 + rank)  # LoRA dropout draws from each rank's global generator
-    state, window = resume(candidates, out, model, optimizer, scheduler, beta_cache, opts, world, task, total_steps)
-    metrics = open(out / "metrics.jsonl", "a") if rank == 0 else None
-    first_step, t_attempt, t_last = state.step, time.time(), time.time()
-    batches, batches_epoch = [], None
+    state, unlogged = checkpoints.restore(model, optimizer, scheduler, beta_cache, total_steps)
+    metrics = MetricsLog(Path(opts.out), opts.log_every, state, total_steps, unlogged)
     model.train()
     while state.step < total_steps:
         # -------------------------------------------------------------------------------------------------------------
         # one training step
-        if batches_epoch != state.epoch:  # epoch e's own permutation: it depends only on (seed, e)
-            batches = step_batches(epoch_order(len(task.examples), state.epoch, opts.seed), global_batch)
-            batches_epoch = state.epoch
-        micro_batches = step_micro_batches(task.examples, batches[state.step_in_epoch], state.epoch, rank, world,
-                                           opts.batch_size, opts.grad_accum, task.pad_id, device, opts.seed,
-                                           opts.max_len if opts.pad_to_max_len else 0, ref_betas)
+        order = epoch_batches(len(inputs.examples), state.epoch, opts.seed, global_batch)
+        micro_batches = step_micro_batches(inputs.examples, order[state.step_in_epoch], state.epoch, rank, world,
+                                           opts.batch_size, opts.grad_accum, inputs.pad_id, device, opts.seed,
+                                           pad_to, precomputed_betas)
         if beta_cache:
             beta_cache.attach(micro_batches, state.epoch)
         result = train_step(model, optimizer, micro_batches, opts.loss, opts.norm, opts.eps, opts.beta_power,
@@ -677,30 +873,96 @@ def train_loop(opts, preemption):
         if beta_cache:
             beta_cache.update(micro_batches, state.epoch)
         # -------------------------------------------------------------------------------------------------------------
-        # bookkeeping: where we are, the log, a checkpoint (and rotation), preemption
+        # bookkeeping: where we are, the log, a checkpoint when due (after a preemption signal: one, then exit)
         epoch = state.epoch
-        epoch_done = state.advance(result, len(batches), opts.max_bad_steps, out)
-        t_last = state.add_time(t_last)
-        window.append(result)
-        if state.step % opts.log_every == 0 or state.step == total_steps:
-            eta_s = (time.time() - t_attempt) / (state.step - first_step) * (total_steps - state.step)
-            log(metrics, log_record(window, state, epoch, total_steps, scheduler.get_last_lr()[0], eta_s))
-            window = []
-        signum = all_reduce_max(preemption.signum, device)
-        if ((opts.save_every and state.step % opts.save_every == 0) or (not opts.save_every and epoch_done)
-                or state.step == total_steps or signum):
-            save_and_rotate(model, optimizer, scheduler, state, window, beta_cache, opts, world, task, out)
-        if signum:
-            print0(f"preempted by {signal.Signals(signum).name} at step {state.step}: checkpoint "
-                   f"{out / 'checkpoints' / state.checkpoints[-1]} written; resume with --resume")
-            raise SystemExit(128 + signum)
+        epoch_done = state.advance(result, len(order), opts.max_bad_steps, Path(opts.out))
+        metrics.add(result, state, epoch, scheduler.get_last_lr()[0])
+        checkpoints.step_done(state, metrics.unlogged, epoch_done)
+    return model, inputs, checkpoints.final(state)
 
-    final = out / "checkpoints" / state.checkpoints[-1]
-    if state.skipped_steps == state.step:
-        raise RunError(f"every step ({state.step}) had a non-finite loss or gradient and changed nothing; lower --lr "
-                       f"(or --lora-alpha); the checkpoint {final} is the initial model")
-    print0(f"done: {state.step} steps in {hms(state.elapsed_s)}; checkpoint {final}")
-    return model, task.tokenizer, task.heldout, final
+
+# The run's inputs: the model to fine-tune, its tokenizer and the data (or the embedded task's)
+
+
+@dataclass
+class RunInputs:
+    """What the loop trains on: the model (not yet wrapped), its tokenizer and the data, and what checkpoints record."""
+    model: LLaDA
+    tokenizer: object
+    examples: list  # [(token ids, prompt length)]
+    pad_id: int
+    fingerprints: dict  # of the data and the base model: --resume refuses others
+    export: "Export"  # what each checkpoint exports besides its training state
+    heldout: list = None  # the embedded task's held-out (puzzle, solution) pairs
+    resolved: dict = None  # what "auto" options resolved to (dtype, data_format): --resume compares these
+
+
+def load_inputs(opts, rank, dtype):
+    """The base model (LoRA: loaded in `dtype`; full fine-tuning: on the meta device, filled after sharding), its
+    tokenizer and the tokenised data, or the embedded task. Prints the data's summary."""
+    if not opts.model:
+        return embedded_inputs(opts, rank, dtype)
+    config = LLaDAConfig.from_json(Path(opts.model) / "config.json")
+    if opts.max_len > config.max_sequence_length:  # longer than the base was trained on
+        print0(f"warning: --max-len {opts.max_len} exceeds the model's max_sequence_length "
+               f"{config.max_sequence_length} ({Path(opts.model) / 'config.json'}); using "
+               f"--max-len {config.max_sequence_length}")
+        opts.max_len = config.max_sequence_length
+    # the data, before the model: a bad row fails in seconds
+    tokenizer = load_tokenizer(opts.model)
+    examples, stats = load_dataset(opts.data, tokenizer, fmt=opts.data_format, max_len=opts.max_len,
+                                   skip_bad_rows=opts.skip_bad_rows)
+    pad_id, data = special_ids(tokenizer, config).pad, dict(data=data_fingerprint(examples), examples=len(examples))
+    print0(describe_data(stats))
+    # the model, and what checkpoints record of it
+    if opts.lora:
+        model = LLaDA.from_pretrained(opts.model, dtype=dtype)
+    else:
+        with torch.device("meta"):
+            model = LLaDA(config)
+    fingerprints = dict(data, model=folder_fingerprint(opts.model))
+    files = [f for f in Path(opts.model).iterdir() if f.is_file() and not f.name.endswith(".safetensors")
+             and f.name not in ("config.json", "model.safetensors.index.json")]
+    export = Export(dtype=save_dtype(opts.save_dtype, stored_dtype(opts.model)), files=files, base_name=opts.model,
+                    merged=opts.save_merged)
+    return RunInputs(model, tokenizer, examples, pad_id, fingerprints, export,
+                     resolved=dict(dtype=str(dtype).removeprefix("torch."), data_format=stats["format"]))
+
+
+def embedded_inputs(opts, rank, dtype):
+    """The embedded task (data.py): a tiny LLaDA initialised from the seed (identical on every rank) and its Sudoku
+    puzzles. Its tokenizer, generation settings and held-out puzzles are written into --out, and copied from there
+    into every exported model folder, so that sample.py and eval.py need no other flag."""
+    out = Path(opts.out)
+    files = [out / "tokenizer.json", out / GENERATION_DEFAULTS, out / EMBEDDED_EVAL["test_data"]]
+    tokenizer, examples, heldout = embedded_task(opts.seed, opts.eval_puzzles)
+    config = tiny_config_for(tokenizer, **EMBEDDED_MODEL)
+    pad_id, data = special_ids(tokenizer, config).pad, dict(data=data_fingerprint(examples), examples=len(examples))
+    description = describe_embedded(heldout, files[2])
+    model = LLaDA(config).init_weights(torch.Generator().manual_seed(opts.seed))
+    if rank == 0:
+        tokenizer.save(str(files[0]))
+        atomic_write_text(files[1], json.dumps(EMBEDDED_EVAL, indent=1) + "\n")
+        atomic_write_text(files[2], "Puzzle,Solution\n" + "".join(f"{p},{s}\n" for p, s in heldout))
+    fingerprints = dict(data, model=tensors_fingerprint(model))
+    barrier()
+    print0(description)
+    export = Export(dtype=save_dtype(opts.save_dtype, torch.float32), files=files, base_name="embedded")
+    return RunInputs(model, tokenizer, examples, pad_id, fingerprints, export, heldout,
+                     dict(dtype=str(dtype).removeprefix("torch."), data_format="auto"))
+
+
+def save_dtype(name, base_dtype):
+    """--save-dtype's dtype: auto is the base's own (bf16 in, bf16 out)."""
+    return base_dtype if name == "auto" else getattr(torch, name)
+
+
+def lora_settings(opts):
+    """wrap_model's `lora` argument: None for full fine-tuning."""
+    if not opts.lora:
+        return None
+    return dict(r=opts.lora_r, alpha=opts.lora_alpha, dropout=opts.lora_dropout,
+                targets=tuple(opts.lora_targets.split(",")))
 
 
 def check_run_size(opts, n_examples, total_steps):
@@ -712,6 +974,9 @@ def check_run_size(opts, n_examples, total_steps):
     if opts.warmup_steps > total_steps:
         print0(f"warning: --warmup-steps {opts.warmup_steps} is longer than the run ({total_steps} steps): the peak "
                "learning rate is never reached")
+
+
+# The learning-rate schedule
 
 
 def lr_lambda(schedule, warmup_steps, total_steps):
@@ -728,6 +993,71 @@ def lr_lambda(schedule, warmup_steps, total_steps):
     return f
 
 
+# Batch assembly: each epoch's order, its optimizer steps, each step split over ranks and micro-batches and padded,
+# each example's noise
+
+
+def collate(examples, pad_id, pad_to=None):
+    """[(ids, prompt_len)] -> input_ids (B, L) long, answer_mask (B, L) bool (the positions >= prompt_len).
+
+    Right-pads with pad_id (LLaDA: <|endoftext|>) to the longest example, or to pad_to (d1 / wd1 pad every
+    example to 4096, which changes what GIFT's beta_ref averages over). Pads are answer positions: the loss is
+    trained on them, as LLaDA's SFT recipe does."""
+    if not examples:
+        raise ValueError("collate got no examples (an empty micro-batch needs a zero-weight dummy row instead)")
+    longest = max(len(ids) for ids, _ in examples)
+    L = longest if pad_to is None else pad_to
+    if longest > L:
+        raise ValueError(f"an example has {longest} tokens, more than pad_to={pad_to}")
+    input_ids = torch.full((len(examples), L), pad_id, dtype=torch.long)  # (B, L)
+    for i, (ids, _) in enumerate(examples):
+        input_ids[i, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+    prompt_lengths = torch.tensor([prompt_len for _, prompt_len in examples], dtype=torch.long)  # (B,)
+    return input_ids, torch.arange(L)[None] >= prompt_lengths[:, None]
+
+
+def epoch_order(n, epoch, seed):
+    """A fresh permutation of range(n) for each epoch, the same on every rank (every rank holds the dataset)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=generator).tolist()
+
+
+def step_batches(order, global_batch):
+    """The epoch's optimizer steps: consecutive chunks of global_batch indices; the last may be short."""
+    return [order[i:i + global_batch] for i in range(0, len(order), global_batch)]
+
+
+def split_even(items, k):
+    """k consecutive parts whose sizes differ by at most one, the larger first (like numpy.array_split)."""
+    size, extra = divmod(len(items), k)
+    bounds = [i * size + min(i, extra) for i in range(k + 1)]
+    return [items[bounds[i]:bounds[i + 1]] for i in range(k)]
+
+
+def rank_micro_batches(step_indices, rank, world_size, micro_batch, accum):
+    """This rank's share of one optimizer step, as exactly `accum` micro-batches (lists of example indices).
+
+    The step is split into `accum` consecutive global micro-batches, and global micro-batch j into `world_size`
+    consecutive parts, part r going to rank r. So the union over ranks of everyone's micro-batch j is the
+    single-process micro-batch j of the same step (world_size=1, micro_batch=world_size*micro_batch, same
+    accum). A full step gives every rank exactly micro_batch examples per micro-batch; the short last step of an
+    epoch is spread evenly, so a micro-batch may be EMPTY: the training loop then runs a zero-weight dummy row so
+    that DDP / FSDP collectives stay in lockstep."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    if len(step_indices) > world_size * micro_batch * accum:
+        raise ValueError(f"a step of {len(step_indices)} examples does not fit world_size {world_size} x "
+                         f"micro_batch {micro_batch} x accum {accum}")
+    return [split_even(chunk, world_size)[rank] for chunk in split_even(list(step_indices), accum)]
+
+
+@functools.lru_cache(maxsize=1)
+def epoch_batches(n_examples, epoch, seed, global_batch):
+    """Epoch `epoch`'s optimizer steps, each a list of example indices: the epoch's own permutation, which depends
+    only on (seed, epoch) (epoch_order), cut into global batches (step_batches). Cached: one per epoch."""
+    return step_batches(epoch_order(n_examples, epoch, seed), global_batch)
+
+
 def example_generator(seed, epoch, index, device):
     """The noise of example `index` in `epoch` (its t and its mask) comes from its own seeded generator: the draws
     do not depend on the batch layout (N ranks draw what one process draws) and a resumed run redraws them."""
@@ -735,8 +1065,8 @@ def example_generator(seed, epoch, index, device):
 
 
 def step_micro_batches(examples, step_indices, epoch, rank, world, micro_batch, accum, pad_id, device, seed,
-                       pad_to=0, ref_betas=None):
-    """This rank's `accum` MicroBatches of one optimizer step (data.rank_micro_batches), on `device`. Micro-batch j
+                       pad_to=0, precomputed_betas=None):
+    """This rank's `accum` MicroBatches of one optimizer step (rank_micro_batches), on `device`. Micro-batch j
     is padded to its longest example over ALL ranks: pads are answer positions and are trained on, so padding must
     not depend on the split for N ranks to compute what one process computes. pad_to > 0 pads every micro-batch to
     that length instead. An empty micro-batch becomes a zero-weight dummy row."""
@@ -748,117 +1078,20 @@ def step_micro_batches(examples, step_indices, epoch, rank, world, micro_batch, 
         input_ids, answer_mask = collate([examples[i] for i in rows], pad_id, pad_to=L)
         batches.append(MicroBatch(
             input_ids.to(device), answer_mask.to(device), [example_generator(seed, epoch, i, device) for i in rows],
-            None if ref_betas is None else ref_betas[rows, :L].to(device), real=bool(indices), indices=rows))
+            None if precomputed_betas is None else precomputed_betas[rows, :L].to(device), real=bool(indices),
+            indices=rows))
     return batches
-
-
-@dataclass
-class Task:
-    """What the loop trains on: the model (not yet wrapped), its tokenizer and the data, and what checkpoints record."""
-    model: LLaDA
-    tokenizer: object
-    examples: list  # [(token ids, prompt length)]
-    pad_id: int
-    fingerprints: dict  # of the data and the base model: --resume refuses others
-    export: "Export"  # what each checkpoint exports besides its training state
-    heldout: list = None  # the embedded task's held-out (puzzle, solution) pairs
-    resolved: dict = None  # what "auto" options resolved to (dtype, data_format): --resume compares these
-
-
-def load_task(opts, rank, dtype):
-    """The base model (LoRA: loaded in `dtype`; full fine-tuning: on the meta device, filled after sharding), its
-    tokenizer and the tokenised data, or the embedded task. Prints the data's summary."""
-    out = Path(opts.out)
-    if not opts.model:
-        tokenizer, config, model, examples, heldout = build_embedded_task(opts.seed, opts.eval_puzzles)
-        files = [out / "tokenizer.json", out / GENERATION_DEFAULTS, out / EMBEDDED_EVAL["test_data"]]
-        if rank == 0:  # copied into every exported model folder: sample.py and eval.py need no other flag
-            tokenizer.save(str(files[0]))
-            atomic_write_text(files[1], json.dumps(EMBEDDED_EVAL, indent=1) + "\n")
-            atomic_write_text(files[2], "Puzzle,Solution\n" + "".join(f"{p},{s}\n" for p, s in heldout))
-        barrier()
-        print0(f"data: {len(examples):,} 4x4 Sudoku puzzles with {EMBEDDED_PUZZLES['n_blanks'][0]}-"
-               f"{EMBEDDED_PUZZLES['n_blanks'][1]} blanks for training; {len(heldout)} held-out puzzles with 8 blanks "
-               f"from {EMBEDDED_PUZZLES['test_grids']} of the 288 solution grids, never seen in training "
-               f"({files[2]})")
-        export = Export(dtype=save_dtype(opts, torch.float32), files=files, base_name="embedded")
-        fingerprints = dict(data=data_fingerprint(examples), examples=len(examples), model=tensors_fingerprint(model))
-        return Task(model, tokenizer, examples, special_ids(tokenizer, config).pad, fingerprints, export, heldout,
-                    dict(dtype=str(dtype).removeprefix("torch."), data_format="auto"))
-    tokenizer = load_tokenizer(opts.model)
-    config = LLaDAConfig.from_json(Path(opts.model) / "config.json")
-    if opts.max_len > config.max_sequence_length:  # longer than the base was trained on
-        print0(f"warning: --max-len {opts.max_len} exceeds the model's max_sequence_length "
-               f"{config.max_sequence_length} ({Path(opts.model) / 'config.json'}); using "
-               f"--max-len {config.max_sequence_length}")
-        opts.max_len = config.max_sequence_length
-    examples, stats = load_dataset(opts.data, tokenizer, fmt=opts.data_format, max_len=opts.max_len,
-                                   skip_bad_rows=opts.skip_bad_rows)  # before the model: a bad row fails in seconds
-    print0(describe_data(stats))
-    if opts.lora:
-        model = LLaDA.from_pretrained(opts.model, dtype=dtype)
-    else:
-        with torch.device("meta"):
-            model = LLaDA(config)
-    files = [f for f in Path(opts.model).iterdir() if f.is_file() and not f.name.endswith(".safetensors")
-             and f.name not in ("config.json", "model.safetensors.index.json")]
-    export = Export(dtype=save_dtype(opts, stored_dtype(opts.model)), files=files, base_name=opts.model,
-                    merged=opts.save_merged)
-    fingerprints = dict(data=data_fingerprint(examples), examples=len(examples), model=folder_fingerprint(opts.model))
-    return Task(model, tokenizer, examples, special_ids(tokenizer, model.config).pad, fingerprints, export,
-                resolved=dict(dtype=str(dtype).removeprefix("torch."), data_format=stats["format"]))
-
-
-def save_dtype(opts, base_dtype):
-    return base_dtype if opts.save_dtype == "auto" else getattr(torch, opts.save_dtype)
-
-
-def build_embedded_task(seed, eval_puzzles):
-    """The tiny default: a char-level tokenizer with LLaDA's special tokens, a tiny LLaDA initialised from the
-    seed (identical on every rank), and Sudoku puzzles split by solution grid: the held-out puzzles come from grids
-    that no training puzzle comes from (the same seed draws the same grid split in both calls)."""
-    tokenizer = make_char_tokenizer()
-    config = tiny_config_for(tokenizer, **EMBEDDED_MODEL)
-    model = LLaDA(config).init_weights(torch.Generator().manual_seed(seed))
-    n_train, n_blanks, test_grids = (EMBEDDED_PUZZLES[k] for k in ("n_train", "n_blanks", "test_grids"))
-    train_pairs, _ = sudoku_split(n_train, 0, n_blanks, seed=seed, test_grids=test_grids)
-    _, heldout = sudoku_split(0, eval_puzzles, 8, seed=seed, test_grids=test_grids)
-    return tokenizer, config, model, sudoku_examples(tokenizer, train_pairs), heldout
-
-
-def evaluate_embedded(heldout, checkpoint, seed, device):
-    """Held-out Sudoku accuracy (eval.py's grader: correct cells among the blanks) of the trained checkpoint and,
-    for scale, of the same architecture untrained. Every rank loads the saved folder and grades a slice."""
-    from eval import SUDOKU_QUESTION, evaluate  # here, not at the top: importing gift.py does not import eval.py
-    items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
-    trained = LLaDA.from_pretrained(checkpoint / "model", device=device)
-    tokenizer = load_tokenizer(checkpoint / "model")
-    untrained = LLaDA(trained.config).init_weights(torch.Generator().manual_seed(seed)).to(device)
-    sampling = {k: EMBEDDED_EVAL[k] for k in ("prompt_style", "gen_length", "block_length", "steps")}
-    results = {}
-    for name, model in (("untrained", untrained), ("trained", trained)):
-        t0 = time.time()
-        acc, records = evaluate(model, tokenizer, items, "sudoku", batch_size=64, **sampling)
-        if records is not None:  # rank 0
-            solved = 100 * sum(r["correct_cells"] == r["empty_cells"] for r in records) / len(records)
-            results[name] = dict(cell_accuracy=round(acc, 2), puzzles_solved=round(solved, 2), puzzles=len(records))
-            print0(f"held-out Sudoku ({len(records)} puzzles, {name}): cell accuracy {acc:.1f}%, "
-                   f"whole puzzles solved {solved:.1f}% ({time.time() - t0:.0f} s)")
-    return results
 
 
 # =====================================================================================================================
 # Part III. Long-job machinery, not needed to understand GIFT: what lets an 8-GPU run go on for hours, stop at any
-# moment and continue exactly. Distributed helpers; fingerprints; the output folder's lock; preemption; checkpoints
-# (save, validate, load, fall back); the GIFT* cache; the beta cache of --beta-refresh-epochs; the metrics log; main().
+# moment and continue exactly. The output folder (its lock, preemption, status.json); checkpoints (the
+# CheckpointManager: save, validate, resume, fall back, rotate); the metrics log; main().
 # =====================================================================================================================
 
-import array
-import fcntl
-import hashlib
 import re
 import shutil
-import socket
+import signal
 import subprocess
 import threading
 import warnings
@@ -868,7 +1101,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
-from model import merged_state_dict, save_adapter, weight_files
+from model import lock_file, merged_state_dict, save_adapter
+
 
 class RunError(RuntimeError):
     """A run that cannot go on for a reason the user can fix (a folder in use, no usable checkpoint, a diverged run):
@@ -881,56 +1115,19 @@ RESUMABLE_CHANGES = {"out", "resume", "overwrite", "log_every", "save_every", "k
                      "eval_puzzles", "epochs", "max_steps", "model", "data", "save_dtype", "save_merged"}
 
 
-def parse_dataclass_flags(parser, cls, argv=None):
-    """One flag per field of the dataclass `cls` (--name-with-dashes, typed, its help and choices from the field's
-    metadata); unknown flags are an error. Returns the fields given on the command line (a flag given as 0 is given)."""
-    for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in (bool, "bool"):
-            parser.add_argument(flag, action="store_true", default=None, help=f.metadata["help"])
-        else:
-            kind = {"int": int, "float": float, "str": str}.get(f.type, f.type) if isinstance(f.type, str) else f.type
-            parser.add_argument(flag, type=kind, default=None, choices=f.metadata.get("choices"),
-                                help=f"{f.metadata['help']} (default {f.default!r})")
-    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+@contextlib.contextmanager
+def quiet_single_process_dcp():
+    """torch.distributed.checkpoint warns that it saves "in a single process" when run without torchrun: we mean it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Distributed set-up, straight from torchrun's environment (one process works without torchrun)
-
-
-def setup_distributed():
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device
-                                if device.type == "cuda" else None)
-    return rank, world, device
-
-
-def is_rank0():
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
-def print0(*args):
-    if is_rank0():
-        print(*args, flush=True)
-
-
-def all_reduce_sum(values, device):
-    """Sum a list of floats over ranks (a no-op for one process)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
+# Rank 0 acts, every rank learns the outcome; every rank learns the largest of a value (a signal number)
 
 
 def all_reduce_max(value, device):
+    """The largest of every rank's integer `value`."""
     t = torch.tensor([value], dtype=torch.int64, device=device)
     if dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -938,25 +1135,12 @@ def all_reduce_max(value, device):
 
 
 def broadcast_object(obj):
+    """Rank 0's `obj` on every rank."""
     if dist.is_initialized():
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
     return obj
-
-
-def gather_objects(obj):
-    """Every rank's object, on every rank, in rank order."""
-    if dist.is_initialized():
-        out = [None] * dist.get_world_size()
-        dist.all_gather_object(out, obj)
-        return out
-    return [obj]
-
-
-def barrier():
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def on_rank0(fn):
@@ -974,241 +1158,20 @@ def on_rank0(fn):
     return result
 
 
-@contextlib.contextmanager
-def quiet_single_process_dcp():
-    """torch.distributed.checkpoint warns that it saves "in a single process" when run without torchrun: we mean it."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        yield
-
-
-def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=False, seed=0):
-    """lora=None: full fine-tuning; float32 master weights, sharded with FSDP2 over `world` > 1 processes (one
-    group per block, then the root), computing in `dtype` with float32 gradient reductions.
-    lora=dict(r=, alpha=, dropout=, targets=): float32 adapters (A initialised from `seed`) on a frozen base in
-    `dtype`, replicated with DDP over `world` > 1 processes.
-    A full fine-tuning model built on the meta device is sharded there and then given empty float32 storage on
-    `device`: fill it with model.load_weight_rows (each rank reads only its rows; no process holds the whole model)."""
-    if activation_checkpointing:
-        model.set_activation_checkpointing(True)
-    if lora is not None:
-        model.to(device=device, dtype=dtype)
-        add_lora(model, **lora, generator=torch.Generator().manual_seed(seed))
-        if world > 1:
-            model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-        return model
-    on_meta = next(model.parameters()).is_meta
-    if not on_meta:
-        model.to(device=device, dtype=torch.float32)
-    if world > 1:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-        for block in model.model.transformer.blocks:
-            fully_shard(block, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
-    if on_meta:
-        model.to_empty(device=device)
-    return model
-
-
-def unwrap(model):
-    """The model itself: DDP keeps it in .module (FSDP2 does not wrap)."""
-    return getattr(model, "module", model)
-
-
-def gradient_sync(model, enabled):
-    """Skip the gradient all-reduce on all but the last micro-step (DDP: no_sync; FSDP2: requires_gradient_sync)."""
-    if isinstance(model, DDP):
-        return contextlib.nullcontext() if enabled else model.no_sync()
-    if hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(enabled)
-    return contextlib.nullcontext()
-
-
 # ---------------------------------------------------------------------------------------------------------------------
-# Fingerprints, saved with every checkpoint: --resume refuses other data or another base model, and they key the
-# GIFT* cache. Short sha256 prefixes.
-
-WEIGHT_SAMPLES, WEIGHT_SAMPLE_BYTES = 16, 1 << 16
-
-
-def data_fingerprint(examples):
-    """sha256 of the tokenised examples in order (token ids and prompt lengths): it changes with the file's content,
-    its format, the tokenizer and --max-len, not with the file's path or date."""
-    h = hashlib.sha256()
-    for ids, prompt_len in examples:
-        ids = torch.as_tensor(ids, dtype=torch.int64)  # a list or data.load_dataset's int32 tensor, read in C
-        h.update(array.array("q", (len(ids), prompt_len)).tobytes())
-        h.update(ids.numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def folder_fingerprint(folder):
-    """sha256 of a Hugging Face folder's config.json, tokenizer.json and weights. Each safetensors file contributes
-    its size, its header (names, dtypes, shapes) and 16 evenly spaced 64 KiB samples of its data: fine-tuning
-    changes those bytes, and reading all 16 GB of LLaDA-8B at every start would take a minute."""
-    folder, h = Path(folder), hashlib.sha256()
-    for name in ("config.json", "tokenizer.json"):
-        if (folder / name).is_file():
-            h.update(name.encode() + (folder / name).read_bytes())
-    for path in weight_files(folder):
-        size = path.stat().st_size
-        h.update(f"{path.name} {size}".encode())
-        with open(path, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            h.update(f.read(min(header_len, size)))
-            start = 8 + header_len
-            for k in range(WEIGHT_SAMPLES):
-                f.seek(start + k * max(size - start, 0) // WEIGHT_SAMPLES)
-                h.update(f.read(WEIGHT_SAMPLE_BYTES))
-    return h.hexdigest()[:16]
-
-
-def tensors_fingerprint(model):
-    """sha256 of every tensor of a (small) model: the embedded task's base, which exists only in memory."""
-    h = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        h.update(name.encode() + tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# GIFT*: the initial model's betas, computed once per example before training and cached in <out>/ref_betas.pt
-
-
-@torch.no_grad()
-def initial_model_betas(model, examples, pad_id, length, batch_size, device, beta_power=BETA_POWER):
-    """Algorithm 1 with the model as it is now, adapters disabled under LoRA: call it before any checkpoint is
-    loaded and it gives GIFT*'s betas of the INITIAL model. Each example padded to `length` (a batch of length
-    L < length uses the first L). Returns (len(examples), length) float32 on the CPU."""
-    rows = []
-    mask_id = unwrap(model).config.mask_token_id
-    betas_from = "initial" if lora_layers(unwrap(model)) else "entropy"
-    for start in range(0, len(examples), batch_size):
-        input_ids, answer_mask = collate(examples[start:start + batch_size], pad_id, pad_to=length)
-        betas = first_pass_betas(model, betas_from, input_ids.to(device), answer_mask.to(device), mask_id, beta_power)
-        rows.append(betas.float().cpu())
-    return torch.cat(rows) if rows else torch.zeros(0, length)
-
-
-def gift_star_betas(model, examples, path, pad_id, length, batch_size, device, key, beta_power=BETA_POWER):
-    """initial_model_betas for the whole dataset, the ranks splitting the examples, cached in `path` under `key`
-    (the fingerprints of the data and the base model, beta_power, length): a resumed run reads them back, a run on
-    other data or another base recomputes them. (len(examples), length) float32 on the CPU."""
-    if path.exists():
-        try:
-            cache = torch.load(path)
-            if cache.get("key") == key and cache["betas"].shape == (len(examples), length):
-                return cache["betas"]
-            print0(f"{path}: computed for other data, another base model or other settings; recomputing")
-        except Exception as e:  # a damaged file: the betas are recomputed from the initial model, which is still here
-            print0(f"{path} is unreadable ({type(e).__name__}: {e}); recomputing it")
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    mine = list(range(rank, len(examples), world))
-    padded = mine + [0] * (math.ceil(len(examples) / world) - len(mine))  # equal batches: FSDP2's forward is collective
-    part = initial_model_betas(model, [examples[i] for i in padded], pad_id, length, batch_size, device, beta_power)
-    betas = torch.zeros(len(examples), length)
-    for r, part_r in enumerate(gather_objects(part[:len(mine)])):
-        betas[r::world] = part_r
-    if is_rank0():
-        torch.save({"key": key, "betas": betas}, path.with_suffix(".tmp"))
-        os.replace(path.with_suffix(".tmp"), path)
-    return betas
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# --beta-refresh-epochs K: the betas of the entropy pass reused for K epochs
-
-
-class BetaCache:
-    """--beta-refresh-epochs K: GIFT's betas reused for K epochs. Each example's betas are kept with the epoch of the
-    entropy pass that made them, and recomputed (by a first pass over the stale rows of the micro-batch only) when
-    they are K or more epochs old; K = 0 never recomputes them (the betas of the example's first visit, close to
-    GIFT*'s initial-model betas). Every example is visited once per epoch, so with K = 3 an example's pass runs in
-    epochs 0, 3, 6, ... Every rank holds the whole cache (train_step's new rows are gathered), so the cache does not
-    depend on which rank sees an example, and the checkpoint saves it (loop_state.pt) for an exact resume. Its size:
-    4 bytes per token of the padded data on every rank (s1K: ~16 MB; a million 1000-token examples: 4 GB)."""
-
-    def __init__(self, n_examples, refresh_epochs):
-        self.refresh_epochs = refresh_epochs
-        self.epoch = torch.full((n_examples,), -1, dtype=torch.int64)  # -1: never computed
-        self.betas = [torch.zeros(0)] * n_examples  # (L_i,) float32, L_i = the padded length of its micro-batch
-
-    def is_stale(self, index, epoch):
-        made = int(self.epoch[index])
-        return made < 0 or (self.refresh_epochs > 0 and epoch - made >= self.refresh_epochs)
-
-    def attach(self, micro_batches, epoch):
-        """Set each micro-batch's ref_betas (fresh rows: the cached betas; stale rows: zeros until train_step's
-        first pass fills them) and stale. A row cached at another padded length is cut, or extended with its
-        last value (an EOS pad's beta)."""
-        for mb in micro_batches:
-            B, L = mb.input_ids.shape
-            mb.stale = torch.tensor([self.is_stale(i, epoch) for i in mb.indices])
-            rows = torch.zeros(B, L)
-            for r, i in enumerate(mb.indices):
-                cached = self.betas[i]
-                if not mb.stale[r]:
-                    rows[r, :min(L, len(cached))] = cached[:L]
-                    rows[r, len(cached):] = cached[-1]
-            mb.ref_betas = rows.to(mb.input_ids.device)
-
-    def update(self, micro_batches, epoch):
-        """Store the betas train_step computed for the stale real rows, from every rank."""
-        mine = [(i, mb.ref_betas[r].float().cpu()) for mb in micro_batches if mb.real
-                for r, i in enumerate(mb.indices) if mb.stale[r]]
-        for part in (gather_objects(mine) if dist.is_initialized() else [mine]):
-            for i, row in part:
-                self.epoch[i], self.betas[i] = epoch, row
-
-    def state_dict(self):
-        return dict(refresh_epochs=self.refresh_epochs, epoch=self.epoch, betas=self.betas)
-
-    def load_state_dict(self, state):
-        self.epoch, self.betas = state["epoch"], list(state["betas"])
-
-
-def refresh_stale_betas(model, mb, betas_from, beta_power, autocast, world, device):
-    """BetaCache: write the first pass's betas of mb's stale rows into mb.ref_betas. With several ranks, every rank
-    runs a pass when any rank has a stale row (FSDP2's forward is collective): a rank with none runs its first row
-    and discards the result."""
-    stale = mb.stale.to(device)
-    n_stale = int(stale.sum())
-    if (all_reduce_max(n_stale, device) if world > 1 else n_stale) == 0:
-        return
-    rows = stale if n_stale else torch.arange(len(stale), device=device) == 0
-    with autocast:
-        fresh = first_pass_betas(model, betas_from, mb.input_ids[rows], mb.answer_mask[rows],
-                                 unwrap(model).config.mask_token_id, beta_power)
-    if n_stale:
-        mb.ref_betas[stale] = fresh.to(mb.ref_betas.dtype)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# The output folder: one run per folder, never overwritten by accident, and preemption
+# The output folder: one run per folder, never overwritten by accident; preemption; status.json for a requeue script
 
 RUN_FILES = ("checkpoints", "latest", "metrics.jsonl", "ref_betas.pt")  # what a run writes into --out
 
 
 def lock_folder(out):
-    """An exclusive flock on <out>/.lock, held for the run's life. The kernel drops it when the process ends, however
-    it ends (kill -9 included), so a crashed run never leaves the folder locked. Returns the open lock file."""
+    """An exclusive lock on <out>/.lock, held for the run's life (model.lock_file: the kernel drops it however the
+    process ends, kill -9 included, so a crashed run never leaves the folder locked). Returns the open lock file."""
     out.mkdir(parents=True, exist_ok=True)
-    lock = open(out / ".lock", "a+")
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.seek(0)
-        holder = lock.read().strip() or "another process"
-        lock.close()
-        raise RunError(f"{out} is in use by a running job ({holder}): one run per output folder; wait for it "
-                           "to end, or choose another --out") from None
-    except OSError as e:  # a file system without locks (some network mounts): go on, unprotected
-        print(f"warning: cannot lock {out / '.lock'} ({e}); make sure no other run writes into {out}")
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    lock.flush()
+    lock, holder = lock_file(out / ".lock")
+    if lock is None:
+        raise RunError(f"{out} is in use by a running job ({holder}): one run per output folder; wait for it to end, "
+                       "or choose another --out")
     return lock
 
 
@@ -1285,6 +1248,42 @@ class Preemption:
             signal.signal(s, handler)
 
 
+@contextlib.contextmanager
+def run_folder(out, resume, overwrite):
+    """The run's output folder, claimed for the run's life: rank 0 locks it (claim_output_folder), every rank catches
+    the preemption signals (the Preemption it yields, which train reads), and <out>/status.json tells a requeue
+    script how the run stands: running, then done, preempted (resume it) or failed, with the last checkpoint."""
+    setup_distributed()
+    lock = on_rank0(lambda: claim_output_folder(out, resume, overwrite))
+    try:
+        on_rank0(lambda: write_status(out, "running"))
+        with Preemption() as preemption:
+            yield preemption
+        on_rank0(lambda: write_status(out, "done"))
+    except SystemExit as e:  # train's exit after a preemption checkpoint (128 + the signal)
+        if is_rank0():
+            write_status(out, "preempted" if isinstance(e.code, int) and e.code > 128 else "failed", exit_code=e.code)
+        raise
+    except BaseException as e:
+        if is_rank0():
+            write_status(out, "failed", error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        if lock is not None:
+            lock.close()  # releases the flock
+
+
+def write_status(out, state, **extra):
+    """<out>/status.json: {"state": running | done | preempted | failed, "checkpoint": the latest, "step": its step}."""
+    latest = out / "latest"
+    with contextlib.suppress(OSError, ValueError):  # a status file that cannot be written must not hide the run's error
+        named = re.fullmatch(r"step-(\d+)", latest.read_text().strip()) if latest.is_file() else None
+        status = dict(state=state, checkpoint=named and str(out / "checkpoints" / named.group(0)),
+                      step=int(named.group(1)) if named else 0, pid=os.getpid(),
+                      time=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        atomic_write_text(out / "status.json", json.dumps(dict(status, **extra)) + "\n")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Checkpoints: <out>/checkpoints/step-N/ = the model in an ecosystem format (a PEFT adapter, or a complete
 # Hugging Face folder) + train_state/ (torch.distributed.checkpoint: model + optimizer, sharded under FSDP2)
@@ -1330,6 +1329,119 @@ class TrainState:
         now = time.time()
         self.elapsed_s += now - since
         return now
+
+
+class CheckpointManager:
+    """The run's checkpoints, built once by the loop (as torchtitan's CheckpointManager). Built, it finds what
+    --resume can continue (the newest complete checkpoint) and refuses one written with other options, data or base
+    model, before the weights load; `restore` loads it (or starts fresh); `step_done` writes a checkpoint when one is
+    due (each epoch or --save-every steps, the last step, a preemption signal on any rank), deletes this run's
+    checkpoints beyond --keep-last, keeps status.json naming the newest, and after a preemption's checkpoint exits
+    with 128 + the signal."""
+
+    def __init__(self, opts, world, inputs, preemption):
+        self.opts, self.world, self.inputs, self.preemption = opts, world, inputs, preemption
+        self.out = Path(opts.out)
+        self.candidates = broadcast_object(on_rank0(lambda: resume_candidates(self.out))) if opts.resume else []
+        if self.candidates:
+            check_resumable(self.out / "checkpoints" / self.candidates[0], opts, world, inputs)
+
+    def restore(self, model, optimizer, scheduler, beta_cache, total_steps):
+        """--resume: load the first candidate checkpoint that loads (a damaged one is skipped, saying why): the
+        model, the optimizer, the schedule, the beta cache and this rank's RNG states. Remembers what it saves later.
+        Returns (TrainState, the train_step results not yet logged); (TrainState(), []) for a fresh start. Trims
+        metrics.jsonl to the step. A run resumed with another length (--epochs or --max-steps changed) keeps its
+        steps and stretches its learning-rate schedule to the new length, as if planned so; it says so."""
+        self.model, self.optimizer, self.scheduler, self.beta_cache = model, optimizer, scheduler, beta_cache
+        self.device = next(model.parameters()).device
+        opts, out = self.opts, self.out
+        state, unlogged = TrainState(), []
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        for i, name in enumerate(self.candidates):
+            ckpt = out / "checkpoints" / name
+            meta = check_resumable(ckpt, opts, self.world, self.inputs)
+            try:
+                loop_state = load_checkpoint(model, optimizer, scheduler, ckpt, opts.lora)
+            except (Exception, CheckpointException) as e:  # a damaged file the checks could not see (DCP's is a
+                # BaseException)
+                print0(f"--resume: cannot load {ckpt} ({type(e).__name__}: {e})")
+                if i + 1 == len(self.candidates):
+                    raise RunError(f"--resume: no checkpoint in {out / 'checkpoints'} loads; start over with "
+                                   "--overwrite") from e
+                continue
+            state, unlogged = TrainState(**meta["state"]), loop_state["log_window"]
+            if beta_cache:
+                beta_cache.load_state_dict(loop_state["beta_cache"])
+            torch.set_rng_state(loop_state["rng"][rank]["cpu"])
+            if loop_state["rng"][rank]["cuda"] is not None:
+                torch.cuda.set_rng_state(loop_state["rng"][rank]["cuda"], next(model.parameters()).device)
+            on_rank0(lambda: atomic_write_text(out / "latest", name + "\n"))  # it may have named a damaged one
+            print0(f"resumed from {ckpt}: step {state.step} (epoch {state.epoch}, step {state.step_in_epoch} in it)")
+            if state.total_steps not in (0, total_steps):
+                self.stretch_schedule(state, total_steps)
+            break
+        if opts.resume and not state.checkpoints:
+            print0(f"--resume: no checkpoint in {out} yet; starting at step 0")
+        if opts.resume:
+            on_rank0(lambda: truncate_metrics(out / "metrics.jsonl", state.step))
+        state.total_steps = total_steps
+        return state, unlogged
+
+    def stretch_schedule(self, state, total_steps):
+        """The next step's learning rate from the schedule stretched to the run's new length."""
+        opts = self.opts
+        lr = opts.lr * lr_lambda(opts.schedule, opts.warmup_steps, total_steps)(state.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        print0(f"--resume: the run now has {total_steps} steps, it had {state.total_steps} (--epochs / --max-steps "
+               f"changed): the {opts.schedule} learning-rate schedule is stretched to {total_steps} steps, as if "
+               f"planned so; step {state.step + 1} runs at lr {lr:.3g}")
+
+    def step_done(self, state, unlogged, epoch_done):
+        """After each optimizer step (every rank): a checkpoint when one is due or any rank caught a preemption
+        signal; after a preemption's checkpoint, exit with 128 + the signal."""
+        signum = all_reduce_max(self.preemption.signum, self.device)
+        every = self.opts.save_every
+        if (every and state.step % every == 0) or (not every and epoch_done) or state.step == state.total_steps \
+                or signum:
+            self.save_step(state, unlogged)
+        if signum:
+            print0(f"preempted by {signal.Signals(signum).name} at step {state.step}: checkpoint "
+                   f"{self.out / 'checkpoints' / state.checkpoints[-1]} written; resume with --resume")
+            raise SystemExit(128 + signum)
+
+    def final(self, state):
+        """The last checkpoint's folder, once the run is done; a run whose every step was skipped is refused."""
+        final = self.out / "checkpoints" / state.checkpoints[-1]
+        if state.skipped_steps == state.step:
+            raise RunError(f"every step ({state.step}) had a non-finite loss or gradient and changed nothing; lower "
+                           f"--lr (or --lora-alpha); the checkpoint {final} is the initial model")
+        print0(f"done: {state.step} steps in {hms(state.elapsed_s)}; checkpoint {final}")
+        return final
+
+    def save_step(self, state, unlogged):
+        """The checkpoint of step state.step (every rank calls it), then rotation: only this run's checkpoints beyond
+        the newest --keep-last are deleted."""
+        opts, out = self.opts, self.out
+        name = f"step-{state.step:07d}"
+        ours = [n for n in state.checkpoints if n != name] + [name]
+        state.checkpoints = ours[-opts.keep_last:]
+        device = next(self.model.parameters()).device
+        rng = gather_objects({"cpu": torch.get_rng_state(),
+                              "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
+        trainer = dict(state=dataclasses.asdict(state), options=dataclasses.asdict(opts), world_size=self.world,
+                       fingerprints=self.inputs.fingerprints, resolved=self.inputs.resolved)
+        loop_state = dict(rng=rng, scheduler=self.scheduler.state_dict(), log_window=unlogged,
+                          beta_cache=self.beta_cache.state_dict() if self.beta_cache else None)
+        save_checkpoint(self.model, self.optimizer, out / "checkpoints" / name, trainer, loop_state, opts.lora,
+                        self.inputs.export)
+        if is_rank0():
+            write_status(out, "running")  # with the checkpoint a kill -9 would resume from
+            for old in ours[:-opts.keep_last]:  # renamed first: a kill in mid-delete leaves a .tmp start-up removes
+                doomed = out / "checkpoints" / (old + ".tmp")
+                if (out / "checkpoints" / old).exists():
+                    os.replace(out / "checkpoints" / old, doomed)
+                shutil.rmtree(doomed, ignore_errors=True)
 
 
 @dataclass
@@ -1395,29 +1507,6 @@ def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, e
     barrier()
 
 
-def save_and_rotate(model, optimizer, scheduler, state, window, beta_cache, opts, world, task, out):
-    """The checkpoint of step state.step (every rank calls it), then rotation: only this run's checkpoints beyond
-    the newest --keep-last are deleted."""
-    name = f"step-{state.step:07d}"
-    ours = [n for n in state.checkpoints if n != name] + [name]
-    state.checkpoints = ours[-opts.keep_last:]
-    device = next(model.parameters()).device
-    rng = gather_objects({"cpu": torch.get_rng_state(),
-                          "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
-    trainer = dict(state=dataclasses.asdict(state), options=dataclasses.asdict(opts), world_size=world,
-                   fingerprints=task.fingerprints, resolved=task.resolved)
-    loop_state = dict(rng=rng, scheduler=scheduler.state_dict(), log_window=window,
-                      beta_cache=beta_cache.state_dict() if beta_cache else None)
-    save_checkpoint(model, optimizer, out / "checkpoints" / name, trainer, loop_state, opts.lora, task.export)
-    if is_rank0():
-        write_status(out, "running")  # with the checkpoint a kill -9 would resume from
-        for old in ours[:-opts.keep_last]:  # renamed first: a kill in mid-delete leaves a .tmp that start-up removes
-            doomed = out / "checkpoints" / (old + ".tmp")
-            if (out / "checkpoints" / old).exists():
-                os.replace(out / "checkpoints" / old, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
-
-
 def checkpoint_problem(ckpt):
     """Why checkpoint folder `ckpt` cannot be resumed from, or None: a missing part, an unreadable trainer.json, or a
     train_state shard shorter than its metadata says (a truncated copy)."""
@@ -1464,17 +1553,17 @@ def resume_candidates(out):
     return good
 
 
-def check_resumable(ckpt, opts, world, task):
+def check_resumable(ckpt, opts, world, inputs):
     """Refuse to continue checkpoint `ckpt` with other options, another number of processes, other data or another
     base model, saying what changed. An "auto" option and the value it resolved to are the same option."""
-    fingerprints = task.fingerprints
+    fingerprints = inputs.fingerprints
     meta = json.loads((ckpt / "trainer.json").read_text())
     if meta["world_size"] != world:  # first: with the embedded task --batch-size derives from it
         then = meta["world_size"]
         command = "python gift.py" if then == 1 else f"torchrun --nproc_per_node {then} gift.py"
         raise ValueError(f"--resume: {ckpt} was written by {then} process{'es' if then > 1 else ''}, this is {world}: "
                          f"resume with the same number (`{command} ... --resume`); each rank's random state is saved")
-    saved, then_resolved, now_resolved = meta["options"], meta.get("resolved") or {}, task.resolved or {}
+    saved, then_resolved, now_resolved = meta["options"], meta.get("resolved") or {}, inputs.resolved or {}
 
     def resolve(name, value, resolved):  # "auto" stands for what it resolved to (dtype auto = float32 on the CPU)
         return resolved.get(name, value) if value == "auto" else value
@@ -1509,50 +1598,6 @@ def load_checkpoint(model, optimizer, scheduler, ckpt, lora):
     return loop_state
 
 
-def resume(candidates, out, model, optimizer, scheduler, beta_cache, opts, world, task, total_steps):
-    """--resume: load the first candidate checkpoint that loads (a damaged one is skipped, saying why): the model,
-    the optimizer, the schedule, the beta cache and this rank's RNG states. Returns (TrainState, the train_step
-    results not yet logged); a fresh (TrainState(), []) when there is none. Trims metrics.jsonl to the step.
-    A run resumed with another length (--epochs or --max-steps changed) keeps its steps and stretches its learning-rate
-    schedule to the new length, as if it had been planned with it from the start; it says so."""
-    state, window = TrainState(), []
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    for i, name in enumerate(candidates):
-        ckpt = out / "checkpoints" / name
-        meta = check_resumable(ckpt, opts, world, task)
-        try:
-            loop_state = load_checkpoint(model, optimizer, scheduler, ckpt, opts.lora)
-        except (Exception, CheckpointException) as e:  # a damaged file the checks could not see (DCP's is a
-            # BaseException)
-            print0(f"--resume: cannot load {ckpt} ({type(e).__name__}: {e})")
-            if i + 1 == len(candidates):
-                raise RunError(f"--resume: no checkpoint in {out / 'checkpoints'} loads; start over with "
-                                   "--overwrite") from e
-            continue
-        state, window = TrainState(**meta["state"]), loop_state["log_window"]
-        if beta_cache:
-            beta_cache.load_state_dict(loop_state["beta_cache"])
-        torch.set_rng_state(loop_state["rng"][rank]["cpu"])
-        if loop_state["rng"][rank]["cuda"] is not None:
-            torch.cuda.set_rng_state(loop_state["rng"][rank]["cuda"], next(model.parameters()).device)
-        on_rank0(lambda: atomic_write_text(out / "latest", name + "\n"))  # it may have named a damaged one
-        print0(f"resumed from {ckpt}: step {state.step} (epoch {state.epoch}, step {state.step_in_epoch} in it)")
-        if state.total_steps not in (0, total_steps):
-            lr = opts.lr * lr_lambda(opts.schedule, opts.warmup_steps, total_steps)(state.step)
-            for group in optimizer.param_groups:  # the next step's, from the stretched schedule
-                group["lr"] = lr
-            print0(f"--resume: the run now has {total_steps} steps, it had {state.total_steps} (--epochs / --max-steps "
-                   f"changed): the {opts.schedule} learning-rate schedule is stretched to {total_steps} steps, as if "
-                   f"planned so; step {state.step + 1} runs at lr {lr:.3g}")
-        break
-    if opts.resume and not state.checkpoints:
-        print0(f"--resume: no checkpoint in {out} yet; starting at step 0")
-    if opts.resume:
-        on_rank0(lambda: truncate_metrics(out / "metrics.jsonl", state.step))
-    state.total_steps = total_steps
-    return state, window
-
-
 def truncate_metrics(path, step):
     """Rank 0, on resume: keep the metrics.jsonl records of steps <= `step` (the resumed checkpoint's); the later
     ones are recomputed, identically. A torn last line (a kill in mid-write) goes too."""
@@ -1570,6 +1615,25 @@ def truncate_metrics(path, step):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # The metrics log
+
+
+class MetricsLog:
+    """The run's log: one line on rank 0 and one metrics.jsonl record every --log-every steps and at the last, over
+    the train_step results since the previous record (`unlogged`, which each checkpoint saves, so that a resumed run
+    writes the same records). Adds each step's time to the TrainState."""
+
+    def __init__(self, out, log_every, state, total_steps, unlogged):
+        self.file = open(out / "metrics.jsonl", "a") if is_rank0() else None
+        self.log_every, self.total_steps, self.unlogged = log_every, total_steps, unlogged
+        self.first_step, self.t_attempt, self.t_last = state.step, time.time(), time.time()
+
+    def add(self, result, state, epoch, lr):
+        self.t_last = state.add_time(self.t_last)
+        self.unlogged.append(result)
+        if state.step % self.log_every == 0 or state.step == self.total_steps:
+            eta_s = (time.time() - self.t_attempt) / (state.step - self.first_step) * (self.total_steps - state.step)
+            log(self.file, log_record(self.unlogged, state, epoch, self.total_steps, lr, eta_s))
+            self.unlogged = []
 
 
 def log_record(window, state, epoch, total_steps, lr, eta_s):
@@ -1618,20 +1682,22 @@ def describe_data(stats):
     return line + (f"; of {stats['rows']:,} rows, {', '.join(dropped)}" if dropped else "")
 
 
-def banner(opts, task, model, world, device, dtype, total_steps, global_batch):
+def banner(opts, inputs, model, world, device, dtype, total_steps, global_batch):
     """The start-up summary: what is trained, on what, where, and how long the run is."""
     n_params = sum(p.numel() for p in unwrap(model).parameters())  # FSDP2: DTensors report the full size
     c = unwrap(model).config
     what = (f"LoRA r {opts.lora_r} on {opts.lora_targets}" if opts.lora else "full fine-tuning") + f", loss {opts.loss}"
     base = opts.model or "a tiny LLaDA from scratch (the embedded task)"
-    return (f"gift.py: {what}; {base}: {n_params / 1e6:.2f}M parameters (d_model {c.d_model}, {c.n_layers} layers, "
+    family = "Dream, " if c.model_type == "Dream" else ""
+    return (f"gift.py: {what}; {base}: {n_params / 1e6:.2f}M parameters ({family}d_model {c.d_model}, "
+            f"{c.n_layers} layers, "
             f"{c.n_heads} heads); {world} process{'es' if world > 1 else ''} on {device.type}, "
             f"{str(dtype).replace('torch.', '')}; {total_steps} optimizer steps of {global_batch} examples; "
             f"output {opts.out}")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# main: the run, with its folder claimed and preemption handled; the embedded task's evaluation; tear-down
+# main: the run in its claimed folder; the embedded task's evaluation; tear-down
 
 
 def write_results(out, opts, results, folder, train_s, total_s, puzzle):
@@ -1650,60 +1716,39 @@ def write_results(out, opts, results, folder, train_s, total_s, puzzle):
           f"evaluate it:   python eval.py --model {folder} --task sudoku", flush=True)
 
 
-def train(opts):
-    """train_loop with the output folder claimed (rank 0 locks it for the run's life), the preemption signals caught,
-    and the run's state kept in <out>/status.json for a requeue script: running, then done, preempted (resume it) or
-    failed, with the last checkpoint. Returns what train_loop returns."""
-    setup_distributed()
-    out = Path(opts.out)
-    lock = on_rank0(lambda: claim_output_folder(out, opts.resume, opts.overwrite))
-    try:
-        on_rank0(lambda: write_status(out, "running"))
-        with Preemption() as preemption:
-            result = train_loop(opts, preemption)
-        on_rank0(lambda: write_status(out, "done"))
-        return result
-    except SystemExit as e:  # train_loop's exit after a preemption checkpoint (128 + the signal)
-        if is_rank0():
-            write_status(out, "preempted" if isinstance(e.code, int) and e.code > 128 else "failed", exit_code=e.code)
-        raise
-    except BaseException as e:
-        if is_rank0():
-            write_status(out, "failed", error=f"{type(e).__name__}: {e}")
-        raise
-    finally:
-        if lock is not None:
-            lock.close()  # releases the flock
-
-
-def write_status(out, state, **extra):
-    """<out>/status.json: {"state": running | done | preempted | failed, "checkpoint": the latest, "step": its step}."""
-    latest = out / "latest"
-    with contextlib.suppress(OSError, ValueError):  # a status file that cannot be written must not hide the run's error
-        named = re.fullmatch(r"step-(\d+)", latest.read_text().strip()) if latest.is_file() else None
-        status = dict(state=state, checkpoint=named and str(out / "checkpoints" / named.group(0)),
-                      step=int(named.group(1)) if named else 0, pid=os.getpid(),
-                      time=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        atomic_write_text(out / "status.json", json.dumps(dict(status, **extra)) + "\n")
+def evaluate_embedded(heldout, checkpoint, seed, device):
+    """Held-out Sudoku accuracy (eval.py's grader: correct cells among the blanks) of the trained checkpoint and,
+    for scale, of the same architecture untrained. Every rank loads the saved folder and grades a slice."""
+    from eval import SUDOKU_QUESTION, evaluate  # here, not at the top: importing gift.py does not import eval.py
+    items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
+    trained = LLaDA.from_pretrained(checkpoint / "model", device=device)
+    tokenizer = load_tokenizer(checkpoint / "model")
+    untrained = LLaDA(trained.config).init_weights(torch.Generator().manual_seed(seed)).to(device)
+    sampling = {k: EMBEDDED_EVAL[k] for k in ("prompt_style", "gen_length", "block_length", "steps")}
+    results = {}
+    for name, model in (("untrained", untrained), ("trained", trained)):
+        t0 = time.time()
+        acc, records = evaluate(model, tokenizer, items, "sudoku", batch_size=64, **sampling)
+        if records is not None:  # rank 0
+            solved = 100 * sum(r["correct_cells"] == r["empty_cells"] for r in records) / len(records)
+            results[name] = dict(cell_accuracy=round(acc, 2), puzzles_solved=round(solved, 2), puzzles=len(records))
+            print0(f"held-out Sudoku ({len(records)} puzzles, {name}): cell accuracy {acc:.1f}%, "
+                   f"whole puzzles solved {solved:.1f}% ({time.time() - t0:.0f} s)")
+    return results
 
 
 def main(argv=None):
     opts = parse_options(argv)
     t0 = time.time()
-    model, tokenizer, heldout, checkpoint = train(opts)
+    with run_folder(Path(opts.out), opts.resume, opts.overwrite) as preemption:
+        model, inputs, checkpoint = train(opts, preemption)
     t_train = time.time() - t0
     folder = checkpoint / ("adapter" if opts.lora else "model")
-    if heldout is not None:  # the embedded default: evaluate on held-out puzzles with the block sampler
-        results = evaluate_embedded(heldout, checkpoint, opts.seed, next(model.parameters()).device)
+    if inputs.heldout is not None:  # the embedded default: evaluate on held-out puzzles with the block sampler
+        results = evaluate_embedded(inputs.heldout, checkpoint, opts.seed, next(model.parameters()).device)
         if is_rank0():
-            write_results(Path(opts.out), opts, results, folder, t_train, time.time() - t0, heldout[0][0])
-    if dist.is_initialized():
-        barrier()  # every rank done with every collective before the process group goes
-        # gloo's worker threads drop their last work's tensors after the collective returns, and that needs the GIL;
-        # destroying the group joins those threads while holding it: a deadlock (a hang, or an abort at exit), seen
-        # in gdb with torch 2.13 on CPU. Sleeping releases the GIL and lets them finish first.
-        time.sleep(0.2)
-        dist.destroy_process_group()
+            write_results(Path(opts.out), opts, results, folder, t_train, time.time() - t0, inputs.heldout[0][0])
+    end_distributed()  # every rank done with every collective before the process group goes
 
 
 if __name__ == "__main__":

@@ -8,11 +8,19 @@ tests/golden, github.com/ML-GSAI/LLaDA's Hugging Face modeling_llada.py):
                 x = h + ff_out(silu(ff_proj(m)) * up_proj(m)),                         m = ff_norm(h)
     logits = ff_out_head(ln_f(x))                                      # untied LM head, no logit scaling
 Attention is full (non-causal): every token sees every non-padding token.
+
+The same transformer runs Dream-v0 (github.com/HKUNLP/Dream: Qwen2.5 made bidirectional, a folder whose config.json
+says model_type "Dream"). Where the two families differ, a config field or a name map carries the difference, never a
+second copy of a block: Qwen's config.json field names (DREAM_FIELDS) and checkpoint key names (DREAM_MODULES) are
+translated at every file boundary, so inside, the modules keep LLaDA's names; q/k/v have biases (include_qkv_bias);
+the head may be the embedding matrix (weight_tying, Dream's tie_word_embeddings); and the logits at position i - 1
+predict token i (config.predicts_shifted), which forward() leaves to the caller, as the official model does.
 """
 
 import contextlib
 import dataclasses
 import fcntl
+import hashlib
 import json
 import math
 import os
@@ -33,6 +41,44 @@ from safetensors.torch import save_file
 
 # -----------------------------------------------------------------------------
 # Config: the official config.json, field for field
+
+
+# Dream-v0's config.json names for our fields, and DreamConfig's default for a field its config.json leaves out (the
+# official configuration_dream.py; eos, which it does not set, Dream-v0-7B's); its other fields are kept in `extra`
+DREAM_FIELDS = dict(
+    d_model=("hidden_size", 4096), n_heads=("num_attention_heads", 32), n_kv_heads=("num_key_value_heads", 32),
+    n_layers=("num_hidden_layers", 32), mlp_hidden_size=("intermediate_size", 22016), vocab_size=("vocab_size", 151936),
+    max_sequence_length=("max_position_embeddings", 32768), rope_theta=("rope_theta", 10000.0),
+    rms_norm_eps=("rms_norm_eps", 1e-6), mask_token_id=("mask_token_id", 151666), pad_token_id=("pad_token_id", 151643),
+    eos_token_id=("eos_token_id", 151643), weight_tying=("tie_word_embeddings", False),
+    activation_type=("hidden_act", "silu"), attention_dropout=("attention_dropout", 0.0))
+# Dream config.json fields this implementation does not compute: any other value is refused by name
+DREAM_UNSUPPORTED = dict(use_sliding_window=False, rope_scaling=None)
+# Dream's checkpoint names of our modules ({i}: the block index); LLaDA's are ours
+DREAM_MODULES = (
+    ("model.transformer.wte", "model.embed_tokens"),
+    ("model.transformer.blocks.{i}.attn_norm", "model.layers.{i}.input_layernorm"),
+    ("model.transformer.blocks.{i}.q_proj", "model.layers.{i}.self_attn.q_proj"),
+    ("model.transformer.blocks.{i}.k_proj", "model.layers.{i}.self_attn.k_proj"),
+    ("model.transformer.blocks.{i}.v_proj", "model.layers.{i}.self_attn.v_proj"),
+    ("model.transformer.blocks.{i}.attn_out", "model.layers.{i}.self_attn.o_proj"),
+    ("model.transformer.blocks.{i}.ff_norm", "model.layers.{i}.post_attention_layernorm"),
+    ("model.transformer.blocks.{i}.ff_proj", "model.layers.{i}.mlp.gate_proj"),
+    ("model.transformer.blocks.{i}.up_proj", "model.layers.{i}.mlp.up_proj"),
+    ("model.transformer.blocks.{i}.ff_out", "model.layers.{i}.mlp.down_proj"),
+    ("model.transformer.ln_f", "model.norm"),
+    ("model.transformer.ff_out", "lm_head"),
+)
+TIED_HEAD = "model.transformer.ff_out.weight"  # with weight_tying, the embedding matrix: not stored a second time
+
+
+def rename(name, pairs):
+    """`name` (a module, parameter or PEFT key) with its leading module path replaced by the pair that matches it."""
+    for src, dst in pairs:
+        m = re.match(re.escape(src).replace(r"\{i\}", r"(\d+)") + r"(?=\.|$)", name)
+        if m:
+            return dst.replace("{i}", "".join(m.groups())) + name[m.end():]
+    return name
 
 
 @dataclass
@@ -71,6 +117,9 @@ class LLaDAConfig:
     attention_dropout: float = 0.0
     residual_dropout: float = 0.0
     embedding_dropout: float = 0.0
+    # config.json's model_type: "Dream" reads and writes Dream-v0's names (DREAM_FIELDS, DREAM_MODULES); LLaDA's
+    # folders say "llada" (None: LLaDA, a config made in code, written without the field)
+    model_type: str | None = None
     # every other field of config.json (auto_map, init_fn, ...) is kept verbatim so a round trip loses nothing
     extra: dict = field(default_factory=dict)
 
@@ -107,29 +156,68 @@ class LLaDAConfig:
             if not ok:
                 want = " or ".join({int: "an integer", float: "a number", bool: "true or false", str: "a string",
                                     type(None): "null"}[t] for t in types)
-                raise ValueError(f"{source}: field {f.name!r} = {json.dumps(value, default=repr)} must be {want} "
-                                 f"(e.g. {json.dumps(f.default)})")
+                raise ValueError(f"{source}: field {self.json_name(f.name)!r} = {json.dumps(value, default=repr)} "
+                                 f"must be {want} (e.g. {json.dumps(f.default)})")
         for name in ("d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size", "mlp_ratio", "vocab_size",
                      "embedding_size", "max_sequence_length"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ValueError(f"{source}: field {name!r} = {getattr(self, name)} must be positive")
+                raise ValueError(f"{source}: field {self.json_name(name)!r} = {getattr(self, name)} must be positive")
 
     def check(self, source="config"):
-        for name, want in self._REQUIRED.items():
+        if self.model_type not in (None, "llada", "Dream"):
+            raise ValueError(f"{source}: field 'model_type' = {self.model_type!r} is not supported (this "
+                             "implementation computes LLaDA, model_type \"llada\", and Dream-v0, \"Dream\")")
+        dream, n = self.model_type == "Dream", self.json_name
+        # Dream-v0 (Qwen2.5) computes LLaDA's fixed choices but two: biases on q, k, v, and a head tied or not
+        required = ({**{k: v for k, v in self._REQUIRED.items() if k != "weight_tying"}, "include_qkv_bias": True}
+                    if dream else self._REQUIRED)
+        for name, want in required.items():
             if getattr(self, name) != want:
-                raise ValueError(f"{source}: field {name!r} = {getattr(self, name)!r} is not supported "
-                                 f"(this implementation computes the LLaDA-8B architecture, {name} = {want!r})")
+                raise ValueError(f"{source}: field {n(name)!r} = {getattr(self, name)!r} is not supported (this "
+                                 f"implementation computes the {'Dream-v0' if dream else 'LLaDA-8B'} architecture, "
+                                 f"{n(name)} = {want!r})")
+        for name, want in DREAM_UNSUPPORTED.items() if dream else ():
+            if self.extra.get(name, want) != want:
+                raise ValueError(f"{source}: field {name!r} = {self.extra[name]!r} is not supported (this "
+                                 f"implementation computes the Dream-v0 architecture, {name} = {want!r})")
         if self.multi_query_attention and self.n_kv_heads != 1:
             raise ValueError(f"{source}: multi_query_attention is true but n_kv_heads = {self.n_kv_heads}")
         if self.d_model % self.n_heads or self.n_heads % self.n_kv_heads:
-            raise ValueError(f"{source}: d_model ({self.d_model}) must divide by n_heads ({self.n_heads}) "
-                             f"and n_heads by n_kv_heads ({self.n_kv_heads})")
+            raise ValueError(f"{source}: {n('d_model')} ({self.d_model}) must divide by {n('n_heads')} "
+                             f"({self.n_heads}) and {n('n_heads')} by {n('n_kv_heads')} ({self.n_kv_heads})")
         if (self.d_model // self.n_heads) % 2:
-            raise ValueError(f"{source}: head_dim = d_model / n_heads must be even for RoPE")
+            raise ValueError(f"{source}: head_dim = {n('d_model')} / {n('n_heads')} must be even for RoPE")
+        if dream and not 0 <= self.pad_token_id < self.embedding_size:  # Dream's embedding takes it as padding_idx
+            raise ValueError(f"{source}: field 'pad_token_id' = {self.pad_token_id} is not a row of the embedding "
+                             f"(vocab_size {self.vocab_size})")
 
     @property
     def head_dim(self):
         return self.d_model // self.n_heads
+
+    @property
+    def predicts_shifted(self):
+        """True for Dream: the logits at position i - 1 predict token i (its generation code shifts them right by
+        one, logits[:, i] <- logits[:, i - 1], position 0 keeping its own); LLaDA's at position i predict token i."""
+        return self.model_type == "Dream"
+
+    @property
+    def rope_in_float32(self):
+        """RoPE computed in float32 (LLaDA: rope_full_precision), or, for Dream, in the activations' dtype with cos
+        and sin rounded to it, as Dream's official code does (bf16 runs differ; float32 ones do not)."""
+        return self.model_type != "Dream"
+
+    def json_name(self, name):
+        """Our field `name` as this family's config.json spells it (Dream: DREAM_FIELDS)."""
+        return DREAM_FIELDS[name][0] if self.model_type == "Dream" and name in DREAM_FIELDS else name
+
+    def checkpoint_name(self, name):
+        """Our module or parameter name as this family's checkpoint and PEFT adapters spell it (Dream: DREAM_MODULES)."""
+        return rename(name, DREAM_MODULES) if self.model_type == "Dream" else name
+
+    def module_name(self, key):
+        """A checkpoint key or module name of this family, as our module tree spells it."""
+        return rename(key, [(theirs, ours) for ours, theirs in DREAM_MODULES]) if self.model_type == "Dream" else key
 
     @classmethod
     def from_json(cls, path):
@@ -141,18 +229,33 @@ class LLaDAConfig:
                              "one JSON object of fields") from None
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: expected a JSON object of config fields, got a {type(raw).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        return cls.from_dict(raw, source=str(path))
+
+    @classmethod
+    def from_dict(cls, raw, source="config"):
+        """The config of config.json's fields `raw`: LLaDA's, or with model_type "Dream" Dream-v0's, read through
+        DREAM_FIELDS (a field left out takes DreamConfig's default, not LLaDA's). The others are kept in `extra`."""
+        dream = raw.get("model_type") == "Dream"
+        names = ({ours: theirs for ours, (theirs, _) in DREAM_FIELDS.items()} if dream else
+                 {f.name: f.name for f in dataclasses.fields(cls) if f.name != "extra"})
         cfg = cls.__new__(cls)  # fill, then validate with the file named in any error
         for f in dataclasses.fields(cls):
-            if f.name != "extra":
-                setattr(cfg, f.name, raw[f.name] if f.name in raw else
-                        (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default))
-        cfg.extra = {k: v for k, v in raw.items() if k not in known}
-        cfg.finish(source=str(path))
+            default = DREAM_FIELDS[f.name][1] if dream and f.name in DREAM_FIELDS else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+            setattr(cfg, f.name, raw[names[f.name]] if names.get(f.name) in raw else default)
+        if dream:  # what Dream's config.json does not say: q/k/v biases, one embedding row per vocabulary entry
+            cfg.model_type, cfg.include_qkv_bias, cfg.embedding_size = "Dream", True, None
+        cfg.extra = {k: v for k, v in raw.items() if k not in {*names.values(), "model_type"}}
+        cfg.finish(source=source)
         return cfg
 
     def to_dict(self):
+        """config.json's fields, named as this family's config.json names them, `extra` included."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        if self.model_type == "Dream":
+            d = {theirs: d[ours] for ours, (theirs, _) in DREAM_FIELDS.items()} | {"model_type": "Dream"}
+        elif self.model_type is None:  # a config made in code: written as before the field existed
+            del d["model_type"]
         return dict(sorted({**self.extra, **d}.items()))  # HF writes keys sorted
 
     def to_json(self, path):
@@ -177,30 +280,38 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def rope_cos_sin(L, head_dim, theta, device):
-    """RoPE over the whole head_dim, rotate-half layout, float32. Returns cos, sin of shape (L, head_dim)."""
+def rope_cos_sin(L, head_dim, theta, device, positions=None):
+    """RoPE over the whole head_dim, rotate-half layout, float32. Returns cos, sin of shape (L, head_dim) for positions
+    0 .. L - 1, or of shape (B, 1, L, head_dim) for `positions` (B, L), each row its own position ids."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
-    angles = torch.outer(torch.arange(L, device=device, dtype=torch.float32), inv_freq)  # (L, head_dim/2)
+    if positions is None:
+        angles = torch.outer(torch.arange(L, device=device, dtype=torch.float32), inv_freq)  # (L, head_dim/2)
+    else:
+        angles = positions.to(device, torch.float32)[:, None, :, None] * inv_freq  # (B, 1, L, head_dim/2)
     angles = torch.cat([angles, angles], dim=-1)  # duplicated over the two halves
     return angles.cos(), angles.sin()
 
 
-def apply_rope(x, cos, sin):
-    """x (B, H, L, hd): x*cos + rotate_half(x)*sin, rotate_half([a, b]) = [-b, a], in float32."""
-    x32 = x.float()
+def apply_rope(x, cos, sin, in_float32=True):
+    """x (B, H, L, hd): x*cos + rotate_half(x)*sin, rotate_half([a, b]) = [-b, a], in float32 (LLaDA), or else in x's
+    dtype with cos and sin rounded to it (Dream's official code: the same in float32, not in bf16)."""
+    if not in_float32:
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    x32 = x.float() if in_float32 else x
     a, b = x32.chunk(2, dim=-1)
     return (x32 * cos + torch.cat([-b, a], dim=-1) * sin).to(x.dtype)
 
 
 def attention_probs(q, k, key_mask):
     """softmax(q k^T / sqrt(hd)) in float32, what scaled_dot_product_attention weighs the values with: q (B, H, S,
-    hd), k (B, Hkv, L, hd), key_mask None or (B, 1, 1, L) bool -> (B, H, S, L). Written out only for the few queries
-    sample.py's drift test inspects; the forward itself uses the fused kernel."""
+    hd), k (B, Hkv, L, hd), key_mask None or (B, 1, 1 or S, L) bool -> (B, H, S, L). Written out only for the few
+    queries sample.py's drift test inspects; the forward itself uses the fused kernel."""
     k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1).float()  # (B, H, L, hd): query head h reads kv head h // g
     scores = q.float() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, S, L)
-    if key_mask is not None:
-        scores = scores.masked_fill(~key_mask, float("-inf"))
-    return scores.softmax(-1)
+    if key_mask is None:
+        return scores.softmax(-1)
+    # a query that may see no key (a Dream padding query) gets weights 0, as the fused kernel gives it
+    return scores.masked_fill(~key_mask, float("-inf")).softmax(-1).masked_fill(~key_mask.any(-1, keepdim=True), 0.0)
 
 
 class Block(nn.Module):
@@ -210,10 +321,12 @@ class Block(nn.Module):
         super().__init__()
         D, hd = cfg.d_model, cfg.head_dim
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
+        self.rope_in_float32 = cfg.rope_in_float32
         self.attn_norm = RMSNorm(D, cfg.rms_norm_eps)
-        self.q_proj = nn.Linear(D, cfg.n_heads * hd, bias=False)
-        self.k_proj = nn.Linear(D, cfg.n_kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(D, cfg.n_kv_heads * hd, bias=False)
+        bias = cfg.include_qkv_bias  # Dream (Qwen2.5) has biases on q, k and v, LLaDA none
+        self.q_proj = nn.Linear(D, cfg.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(D, cfg.n_kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(D, cfg.n_kv_heads * hd, bias=bias)
         self.attn_out = nn.Linear(D, D, bias=False)
         self.ff_norm = RMSNorm(D, cfg.rms_norm_eps)
         self.ff_proj = nn.Linear(D, cfg.mlp_hidden_size, bias=False)  # gate branch: SiLU applies here
@@ -221,19 +334,20 @@ class Block(nn.Module):
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, D, bias=False)
 
     def forward(self, x, rope, key_mask, kv=None, start=0, attn_rows=None):
-        """x (B, S, D) at positions start .. start + S - 1; rope (S, hd) complex, cos + i sin of those positions (see
-        LLaDA.forward for why complex). kv: None, or a list:
+        """x (B, S, D) at positions start .. start + S - 1; rope (S, hd) or, one row per sequence, (B, 1, S, hd)
+        complex, cos + i sin of those positions (see LLaDA.forward for why complex); key_mask None or (B, 1, 1 or S,
+        L_all) bool, True = may be attended to. kv: None, or a list:
         empty, this call's keys and values (B, Hkv, S, hd) are appended to it; holding (k, v) of a whole sequence
         from an earlier call, the other positions' keys and values come from it (Fast-dLLM's cache, sample.py).
         attn_rows (inference only): (qs, qe, rows): the attention probabilities of this call's queries qs .. qe - 1,
         averaged over heads, (B, qe - qs, L_all), are appended to the list rows (sample.py's drift test)."""
         B, L, D = x.shape
-        cos, sin = rope.real, rope.imag  # (L, hd) float32
+        cos, sin = rope.real, rope.imag  # (L, hd) or (B, 1, L, hd) float32
         n = self.attn_norm(x)
         q = self.q_proj(n).view(B, L, self.n_heads, -1).transpose(1, 2)  # (B, H, L, hd)
         k = self.k_proj(n).view(B, L, self.n_kv_heads, -1).transpose(1, 2)  # (B, Hkv, L, hd)
         v = self.v_proj(n).view(B, L, self.n_kv_heads, -1).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin, self.rope_in_float32), apply_rope(k, cos, sin, self.rope_in_float32)
         if kv is not None and not kv:
             kv.append((k, v))
         elif kv is not None:  # cached keys / values before and after this span
@@ -242,7 +356,8 @@ class Block(nn.Module):
             v = torch.cat([v_all[:, :, :start], v, v_all[:, :, end:]], dim=2)
         if attn_rows is not None:
             qs, qe, rows = attn_rows
-            rows.append(attention_probs(q[:, :, qs:qe], k, key_mask).mean(1))  # (B, qe - qs, L_all)
+            mask = key_mask if key_mask is None or key_mask.shape[2] == 1 else key_mask[:, :, qs:qe]
+            rows.append(attention_probs(q[:, :, qs:qe], k, mask).mean(1))  # (B, qe - qs, L_all)
         # grouped-query attention: kv head j serves query heads j*g .. j*g+g-1 (what enable_gqa does)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=False,
                                            enable_gqa=self.n_kv_heads != self.n_heads)
@@ -252,16 +367,22 @@ class Block(nn.Module):
 
 
 class LLaDA(nn.Module):
+    """LLaDA, or Dream-v0 when config.model_type is "Dream" (the module docstring): one module tree, LLaDA's names."""
+
     def __init__(self, config: LLaDAConfig):
         super().__init__()
         self.config = config
+        # Dream's embedding takes the pad id as padding_idx, so (as in the official code) that row gets no gradient
+        # from the input side
+        padding_idx = config.pad_token_id if config.model_type == "Dream" else None
         self.model = nn.Module()  # the extra level gives the official "model.transformer.*" key names
         self.model.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.embedding_size, config.d_model),
+            wte=nn.Embedding(config.embedding_size, config.d_model, padding_idx=padding_idx),
             blocks=nn.ModuleList([Block(config) for _ in range(config.n_layers)]),
             ln_f=RMSNorm(config.d_model, config.rms_norm_eps),
-            ff_out=nn.Linear(config.d_model, config.embedding_size, bias=False),  # LM head (untied)
+            ff_out=nn.Linear(config.d_model, config.embedding_size, bias=False),  # LM head (untied unless tied)
         ))
+        self.tie_weights()
         self.activation_checkpointing = False
 
     @property
@@ -269,23 +390,48 @@ class LLaDA(nn.Module):
         """The LM head as a module: apply it only to the hidden states whose logits are needed."""
         return self.model.transformer.ff_out
 
+    @property
+    def predicts_shifted(self):
+        """True for Dream: its logits at position i - 1 predict token i (LLaDAConfig.predicts_shifted)."""
+        return self.config.predicts_shifted
+
+    def tie_weights(self):
+        """With weight_tying (Dream's tie_word_embeddings) the head's weight IS the embedding matrix: one parameter
+        under two names, as in Hugging Face. Loading with assign=True and leaving the meta device give each name
+        its own tensor; this makes them one again (from_pretrained and every move call it)."""
+        if self.config.weight_tying:
+            self.model.transformer.ff_out.weight = self.model.transformer.wte.weight
+
+    def _apply(self, fn, *args, **kwargs):  # .to(), .to_empty(), .cuda(), .float(), ...: keep a tied head tied
+        super()._apply(fn, *args, **kwargs)
+        self.tie_weights()
+        return self
+
     def set_activation_checkpointing(self, enabled=True):
         """Recompute each block in backward instead of storing its activations (needed for 4096-token training)."""
         self.activation_checkpointing = enabled
 
     @torch.no_grad()
     def init_weights(self, generator=None, std=0.02):
-        """Random init for models trained from scratch: normal(0, std) matrices, unit norm weights."""
+        """Random init for models trained from scratch: normal(0, std) matrices, unit norm weights, zero biases."""
         for name, p in self.named_parameters():
-            if p.dim() == 1:
+            if name.endswith(".bias"):
+                p.zero_()
+            elif p.dim() == 1:
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, std, generator=generator)
         return self
 
-    def forward(self, input_ids, attention_mask=None, return_hidden=False, kv_cache=None, start=0, attn_rows=None):
-        """input_ids (B, L); attention_mask (B, L), 1 = real token, 0 = padding (hidden from every query).
-        Returns logits (B, L, V), or with return_hidden the final hidden states after ln_f (B, L, D).
+    def forward(self, input_ids, attention_mask=None, return_hidden=False, kv_cache=None, start=0, attn_rows=None,
+                position_ids=None):
+        """input_ids (B, L); attention_mask (B, L), 1 = real token, 0 = padding (hidden from every query; for Dream a
+        padding query also sees no key, the query-and-key mask its official code builds from a 2-D mask, which
+        changes only the padding rows' own logits). position_ids (B, L), optional: each token's RoPE position
+        (default 0 .. L - 1 in every row, as both official models use when given none; Dream's generation passes
+        cumsum(attention_mask) - 1 for left-padded prompts). Returns logits (B, L, V), aligned as the official
+        model returns them (Dream's at position i - 1 predict token i: predicts_shifted), or with return_hidden the
+        final hidden states after ln_f (B, L, D).
 
         kv_cache (inference only): an empty list is filled with one [(k, v)] per block, the keys and values of this
         whole sequence. A filled one lets input_ids be a span: positions start .. start + S - 1 of the sequence the
@@ -300,14 +446,17 @@ class LLaDA(nn.Module):
         if fill:
             kv_cache.extend([] for _ in tr.blocks)
         L_all = L if kv_cache is None or fill else kv_cache[0][0][0].shape[2]
-        cos, sin = rope_cos_sin(L_all, self.config.head_dim, self.config.rope_theta, x.device)
-        # one complex tensor, (L, hd) for this span's positions: FSDP2's mixed precision casts a block's floating-point
-        # inputs to bf16 (RoPE is float32 here, as in the official code), and torch < 2.13 does not cast them when
-        # activation checkpointing recomputes the block, a dtype mismatch that stops backward; complex is not cast
-        rope = torch.complex(cos, sin)[start:start + L]
+        cos, sin = rope_cos_sin(L_all, self.config.head_dim, self.config.rope_theta, x.device, position_ids)
+        # one complex tensor, (L, hd) (or (B, 1, L, hd)) for this span's positions: FSDP2's mixed precision casts a
+        # block's floating-point inputs to bf16 (RoPE is float32 here, as in the official code), and torch < 2.13 does
+        # not cast them when activation checkpointing recomputes the block, a dtype mismatch that stops backward;
+        # complex is not cast
+        rope = torch.complex(cos, sin)[..., start:start + L, :]
         key_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, L_all): True = may be attended to
+            if self.config.model_type == "Dream":  # and only from real queries: (B, 1, L, L_all)
+                key_mask = key_mask & attention_mask.bool()[:, None, start:start + L, None]
         for i, block in enumerate(tr.blocks):
             if self.activation_checkpointing and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, rope, key_mask, use_reentrant=False)
@@ -323,7 +472,8 @@ class LLaDA(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, dtype=None, device=None):
-        """Read config.json and model.safetensors or the shards of model.safetensors.index.json.
+        """Read config.json and model.safetensors or the shards of model.safetensors.index.json, LLaDA's or Dream's
+        (config.json's model_type; the keys renamed to ours by config.module_name).
         The module is built on the meta device and filled shard by shard, so peak memory is about one copy
         of the weights. dtype None keeps the stored dtype (bf16 for the real 8B checkpoint)."""
         path = Path(path)
@@ -337,16 +487,19 @@ class LLaDA(nn.Module):
                 part = {k: (f.get_tensor(k) if dtype is None else f.get_tensor(k).to(dtype)) for k in f.keys()}
             for k, t in part.items():  # after the cast, so an overflow to inf in a narrower dtype is caught too
                 check_finite(t, k, shard)
-            model.load_state_dict(part, strict=False, assign=True)
+            model.load_state_dict({config.module_name(k): t for k, t in part.items()}, strict=False, assign=True)
             del part
+        model.tie_weights()  # a tied head (not in the files) is the embedding just loaded
         return model
 
     def save_pretrained(self, path, max_shard_bytes=5 * 10**9):
         """config.json plus safetensors shards (at most max_shard_bytes each) with an index when there is more
-        than one, written into a temporary folder and renamed into place."""
+        than one, written into a temporary folder and renamed into place; in the family's own names (Dream's
+        config fields and keys), a tied head stored once, as the embedding (as Hugging Face saves it)."""
         if any(isinstance(m, LoRALinear) for m in self.modules()):
             raise ValueError("the model has LoRA adapters: merge_lora(model) first, or save them with save_adapter")
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        state = self.state_dict()
+        state = {name: state[k].detach().contiguous().cpu() for name, k in checkpoint_keys(self.config, state).items()}
         config = self.config
         dtypes = {v.dtype for v in state.values() if v.is_floating_point()}
         if len(dtypes) == 1:  # config.json's torch_dtype says what the files hold
@@ -372,6 +525,12 @@ class LLaDA(nn.Module):
             total = sum(v.numel() * v.element_size() for v in state.values())
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def from_pretrained(folder, dtype=None, device=None):
+    """The model of a Hugging Face folder, LLaDA or Dream-v0 as its config.json's model_type says ("llada", or no
+    model_type; "Dream"): one class, LLaDA, built for that family (LLaDA.from_pretrained)."""
+    return LLaDA.from_pretrained(folder, dtype=dtype, device=device)
 
 
 def weight_files(path):
@@ -417,10 +576,17 @@ def check_finite(t, key, file):
                          "load it in a wider dtype")
 
 
+def checkpoint_keys(config, keys):
+    """{checkpoint key: our state-dict key} of the tensors a checkpoint holds: our names in the family's spelling
+    (config.checkpoint_name), a tied head left out (it is the embedding, stored once)."""
+    return {config.checkpoint_name(k): k for k in keys if not (config.weight_tying and k == TIED_HEAD)}
+
+
 def check_weight_files(path, model):
-    """Names and shapes of the safetensors of folder `path` against `model` (on any device, meta included), checked
-    before any data is read, so that a bad checkpoint fails at once. Returns the files."""
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    """Names (the checkpoint's) and shapes of the safetensors of folder `path` against `model` (on any device, meta
+    included), checked before any data is read, so that a bad checkpoint fails at once. Returns the files."""
+    state = model.state_dict()
+    expected = {name: tuple(state[k].shape) for name, k in checkpoint_keys(model.config, state).items()}
     shards = weight_files(path)
     found = {}
     for shard in shards:
@@ -453,12 +619,14 @@ def load_weight_rows(model, path, rank, world):
     """Fill a model sharded by FSDP2 (built on the meta device, fully_shard-ed, then to_empty) from the safetensors
     of folder `path`: each rank reads only its own rows of each tensor, so no process ever holds the whole model.
     FSDP2 shards dim 0 into `world` chunks of ceil(n / world) rows (torch.chunk), the last ones shorter or empty;
-    every local shard is cast to the parameter's dtype (float32 master weights from a bf16 checkpoint)."""
+    every local shard is cast to the parameter's dtype (float32 master weights from a bf16 checkpoint). A tied head
+    is the embedding's parameter, filled with it."""
     params = dict(model.named_parameters())
     for shard in check_weight_files(path, model):
         with open_weights(shard) as f:
             for key in f.keys():
-                local = params[key].to_local() if hasattr(params[key], "to_local") else params[key]
+                param = params[model.config.module_name(key)]
+                local = param.to_local() if hasattr(param, "to_local") else param
                 rows = f.get_slice(key)
                 n = rows.get_shape()[0]
                 start = min(rank * math.ceil(n / world), n)
@@ -512,12 +680,12 @@ class LoRALinear(nn.Module):
     """Wraps a frozen linear layer. It keeps the base weight under the same name (`q_proj.weight`), so the
     base checkpoint's keys are unchanged; lora_A (r, in) and lora_B (out, r) are float32 even when the base
     is bf16. B starts at zero, so the wrapped layer starts exactly equal to the base. The scale is alpha / r, or
-    alpha / sqrt(r) with rsLoRA (PEFT's use_rslora)."""
+    alpha / sqrt(r) with rsLoRA (PEFT's use_rslora). A base bias (Dream's q, k, v) is kept, frozen, as `bias`."""
 
     def __init__(self, base: nn.Linear, r, alpha, dropout, generator=None, use_rslora=False):
         super().__init__()
         self.in_features, self.out_features = base.in_features, base.out_features
-        self.weight = base.weight
+        self.weight, self.bias = base.weight, base.bias
         self.weight.requires_grad_(False)
         self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
         self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r
@@ -532,7 +700,7 @@ class LoRALinear(nn.Module):
         self.enabled = True
 
     def forward(self, x):
-        y = F.linear(x, self.weight)
+        y = F.linear(x, self.weight, self.bias)
         if not self.enabled:
             return y
         delta = F.linear(F.linear(self.dropout(x).to(self.lora_A.dtype), self.lora_A), self.lora_B)
@@ -542,24 +710,29 @@ class LoRALinear(nn.Module):
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj")  # the paper's LoRA recipe (Appendix C)
 
 
-def lora_target_names(model, targets, layers_to_transform=None, layers_pattern=None):
+def lora_target_names(model, targets, layers_to_transform=None, layers_pattern=None, checkpoint_names_only=False):
     """The names of the linear layers an adapter goes on, matched as PEFT matches them: `targets` a string is a
     regex that must match a module's whole name; a list matches a module whose name is in it or ends with
     "." + an entry. So "ff_out" means the MLP output projection of every block AND the LM head
     (model.transformer.ff_out), as in PEFT. layers_to_transform (an int or a list) keeps the matches whose name
-    holds "<layers_pattern>.<index>." (any "<word>.<index>." without a pattern) with that index: never the head."""
-    names = [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, LoRALinear))]
+    holds "<layers_pattern>.<index>." (any "<word>.<index>." without a pattern) with that index: never the head.
+    A module answers to our name and to its checkpoint's (Dream: "model.layers.0.self_attn.o_proj"), so targets
+    written for the official model ("o_proj", "gate_proj", "lm_head") and ours ("attn_out") both work;
+    checkpoint_names_only: to the checkpoint's alone, as PEFT on the official model matches."""
+    aliases = {n: {model.config.checkpoint_name(n)} | (set() if checkpoint_names_only else {n})
+               for n, m in model.named_modules() if isinstance(m, (nn.Linear, LoRALinear))}
     if isinstance(targets, str):
-        return [n for n in names if re.fullmatch(targets, n)]
-    chosen = [n for n in names if n in targets or any(n.endswith("." + t) for t in targets)]
+        return [n for n, names in aliases.items() if any(re.fullmatch(targets, a) for a in names)]
+    chosen = [n for n, names in aliases.items()
+              if any(a in targets or any(a.endswith("." + t) for t in targets) for a in names)]
     if layers_to_transform is None or layers_to_transform == []:
         return chosen
     wanted = [layers_to_transform] if isinstance(layers_to_transform, int) else list(layers_to_transform)
     patterns = [layers_pattern] if isinstance(layers_pattern, str) else list(layers_pattern or [])
     kept = []
     for n in chosen:
-        found = ([re.match(rf".*\.{pat}\.(\d+)\.", n) for pat in patterns] if patterns
-                 else [re.match(r".*\.[^.]*\.(\d+)\.", n)])
+        found = ([re.match(rf".*\.{pat}\.(\d+)\.", a) for pat in patterns for a in aliases[n]] if patterns
+                 else [re.match(r".*\.[^.]*\.(\d+)\.", a) for a in aliases[n]])
         index = next((int(f.group(1)) for f in found if f), None)
         if index is not None and index in wanted:
             kept.append(n)
@@ -577,21 +750,29 @@ def pattern_value(patterns, name, default):
 def add_lora(model, r=128, alpha=256, dropout=0.05, targets=LORA_TARGETS, generator=None, rank_pattern=None,
              alpha_pattern=None, use_rslora=False, layers_to_transform=None, layers_pattern=None):
     """Replace the target linears (lora_target_names: PEFT's matching) by LoRALinear and freeze everything else.
-    rank_pattern / alpha_pattern give some modules their own rank / alpha (pattern_value)."""
+    rank_pattern / alpha_pattern give some modules their own rank / alpha (pattern_value; a key may use our name or
+    the checkpoint's)."""
     for p in model.parameters():
         p.requires_grad_(False)
     names = lora_target_names(model, targets, layers_to_transform, layers_pattern)
     if not names:
         raise ValueError(f"LoRA targets {targets!r} (layers {layers_to_transform!r}) match no linear layer of the model")
+
+    def pattern(patterns, name, default):
+        return pattern_value(patterns or {}, model.config.checkpoint_name(name),
+                             pattern_value(patterns or {}, name, default))
+
     for name in names:
+        if model.config.weight_tying and name + ".weight" == TIED_HEAD:
+            raise ValueError(f"LoRA targets {targets!r} reach the LM head, which is the embedding matrix "
+                             "(tie_word_embeddings): its merged weight could not be saved tied; leave it out")
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         base = getattr(parent, child)
         if not isinstance(base, nn.Linear):
             raise ValueError(f"LoRA target {name!r} already has an adapter or is not a linear layer")
-        setattr(parent, child, LoRALinear(base, pattern_value(rank_pattern or {}, name, r),
-                                          pattern_value(alpha_pattern or {}, name, alpha), dropout, generator,
-                                          use_rslora))
+        setattr(parent, child, LoRALinear(base, pattern(rank_pattern, name, r), pattern(alpha_pattern, name, alpha),
+                                          dropout, generator, use_rslora))
     model.lora_config = dict(r=r, alpha=alpha, dropout=dropout, targets=targets, use_rslora=use_rslora,
                              layers_to_transform=layers_to_transform, layers_pattern=layers_pattern)
     return model
@@ -625,8 +806,11 @@ def merged_weight(m):
 def merge_lora(model):
     """Fold each adapter into its base weight (W += B A * scale) and put plain nn.Linear layers back."""
     for name, m in lora_layers(model):
-        merged = nn.Linear(m.in_features, m.out_features, bias=False, device=m.weight.device, dtype=m.weight.dtype)
+        merged = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device=m.weight.device,
+                           dtype=m.weight.dtype)
         merged.weight.copy_(merged_weight(m))
+        if m.bias is not None:
+            merged.bias.copy_(m.bias)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, merged)
     model.__dict__.pop("lora_config", None)
@@ -654,24 +838,28 @@ PEFT_UNSUPPORTED = ("use_dora", "fan_in_fan_out", "modules_to_save", "layer_repl
 
 
 def save_adapter(model, path, base_model_name_or_path=""):
-    """adapter_config.json + adapter_model.safetensors in PEFT's LoRA format, written atomically: the targets as
-    given (PEFT matches them to the same modules), and the modules whose rank or alpha differ from the run's in
-    rank_pattern / alpha_pattern under their full names."""
+    """adapter_config.json + adapter_model.safetensors in PEFT's LoRA format, written atomically, in the
+    checkpoint's module names (Dream's for Dream): the targets as given when PEFT on the official model matches them
+    to the same modules (the paper's q_proj, k_proj, v_proj always do), else the adapted modules' full names; and
+    the modules whose rank or alpha differ from the run's in rank_pattern / alpha_pattern under their full names."""
     layers = lora_layers(model)
     if not layers:
         raise ValueError("the model has no LoRA adapters to save")
-    cfg = model.lora_config
+    cfg, name_of = model.lora_config, model.config.checkpoint_name
     tensors = {}
     for name, m in layers:
-        tensors[f"{_PEFT_PREFIX}{name}.lora_A.weight"] = m.lora_A.detach().contiguous().cpu()  # (r, in)
-        tensors[f"{_PEFT_PREFIX}{name}.lora_B.weight"] = m.lora_B.detach().contiguous().cpu()  # (out, r)
+        tensors[f"{_PEFT_PREFIX}{name_of(name)}.lora_A.weight"] = m.lora_A.detach().contiguous().cpu()  # (r, in)
+        tensors[f"{_PEFT_PREFIX}{name_of(name)}.lora_B.weight"] = m.lora_B.detach().contiguous().cpu()  # (out, r)
+    targets, which, pattern = cfg["targets"], cfg.get("layers_to_transform"), cfg.get("layers_pattern")
+    if lora_target_names(model, targets, which, pattern, checkpoint_names_only=True) != [n for n, _ in layers]:
+        targets, which, pattern = [name_of(n) for n, _ in layers], None, None  # e.g. our "attn_out" on Dream
     adapter_config = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg["r"], "lora_alpha": cfg["alpha"],
         "lora_dropout": cfg["dropout"], "bias": "none",
-        "target_modules": cfg["targets"] if isinstance(cfg["targets"], str) else list(cfg["targets"]),
-        "layers_to_transform": cfg.get("layers_to_transform"), "layers_pattern": cfg.get("layers_pattern"),
-        "rank_pattern": {name: m.r for name, m in layers if m.r != cfg["r"]},
-        "alpha_pattern": {name: m.alpha for name, m in layers if m.alpha != cfg["alpha"]},
+        "target_modules": targets if isinstance(targets, str) else list(targets),
+        "layers_to_transform": which, "layers_pattern": pattern,
+        "rank_pattern": {name_of(name): m.r for name, m in layers if m.r != cfg["r"]},
+        "alpha_pattern": {name_of(name): m.alpha for name, m in layers if m.alpha != cfg["alpha"]},
         "fan_in_fan_out": False, "use_rslora": cfg.get("use_rslora", False), "use_dora": False,
         "inference_mode": True, "base_model_name_or_path": str(base_model_name_or_path),
     }
@@ -744,7 +932,7 @@ def load_adapter(model, path):
     for name, m in lora_layers(model):
         for ab in ("A", "B"):
             # PEFT sometimes writes the adapter name into the key ("lora_A.default.weight"); accept both
-            expected[f"{_PEFT_PREFIX}{name}.lora_{ab}.weight"] = getattr(m, f"lora_{ab}")
+            expected[f"{_PEFT_PREFIX}{model.config.checkpoint_name(name)}.lora_{ab}.weight"] = getattr(m, f"lora_{ab}")
     tensors = {k.replace(".default.weight", ".weight"): v for k, v in tensors.items()}
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or unexpected:
@@ -761,7 +949,7 @@ def load_adapter(model, path):
 
 # =============================================================================
 # Machinery shared by the command lines (gift.py, eval.py, sample.py), not needed to understand the model: processes
-# from torchrun's environment, rank-0 printing and collectives, one job per output path, flags from a dataclass.
+# from torchrun's environment, one job per output path, flags from a dataclass.
 # They live here, in the file every other one imports, so that no file imports the trainer to get them.
 
 
@@ -788,51 +976,10 @@ def compute_dtype(name, device):
     return getattr(torch, name)
 
 
-def is_rank0():
-    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
 
-def print0(*args):
-    if is_rank0():
-        print(*args, flush=True)
 
 
-def barrier():
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()
-
-
-def broadcast_object(obj):
-    """Rank 0's `obj` on every rank (a no-op for one process)."""
-    if torch.distributed.is_initialized():
-        box = [obj]
-        torch.distributed.broadcast_object_list(box, src=0)
-        return box[0]
-    return obj
-
-
-def gather_objects(obj):
-    """Every rank's object, on every rank, in rank order."""
-    if torch.distributed.is_initialized():
-        out = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(out, obj)
-        return out
-    return [obj]
-
-
-def on_rank0(fn):
-    """fn() on rank 0 only; its result there, None elsewhere. An exception on rank 0 is raised on every rank, so that
-    no rank waits forever at the next collective for a rank that has died."""
-    result, error = None, None
-    if is_rank0():
-        try:
-            result = fn()
-        except Exception as e:  # re-raised below, on every rank
-            error = e
-    error = broadcast_object(error)
-    if error is not None:
-        raise error
-    return result
 
 
 def end_distributed():
@@ -841,7 +988,7 @@ def end_distributed():
     threads while holding it: a deadlock (a hang, or an abort at exit), seen in gdb with torch 2.13 on CPU. Sleeping
     releases the GIL and lets them finish first."""
     if torch.distributed.is_initialized():
-        barrier()
+        torch.distributed.barrier()
         time.sleep(0.2)
         torch.distributed.destroy_process_group()
 
@@ -888,17 +1035,38 @@ def add_dataclass_flags(parser, cls):
                                 help=f"{f.metadata['help']} (default {f.default!r})")
 
 
-def all_reduce_sum(values, device):
-    """Sum a list of floats over ranks, in float64 (a no-op for one process)."""
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(t)
-    return t.tolist()
+# Fingerprints: short sha256 prefixes that tell a changed base model apart (gift.py's checkpoints record them; --resume
+# refuses another base)
+
+WEIGHT_SAMPLES, WEIGHT_SAMPLE_BYTES = 16, 1 << 16
 
 
-def all_reduce_max(value, device):
-    """The largest of every rank's integer `value` (a no-op for one process)."""
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    if torch.distributed.is_initialized():
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return int(t)
+def folder_fingerprint(folder):
+    """sha256 of a Hugging Face folder's config.json, tokenizer (tokenizer.json, or a slow tokenizer's vocab.json and
+    merges.txt) and weights. Each safetensors file contributes
+    its size, its header (names, dtypes, shapes) and 16 evenly spaced 64 KiB samples of its data: fine-tuning
+    changes those bytes, and reading all 16 GB of LLaDA-8B at every start would take a minute."""
+    folder, h = Path(folder), hashlib.sha256()
+    tokenizer = ("tokenizer.json",) if (folder / "tokenizer.json").is_file() else ("vocab.json", "merges.txt")  # Dream's
+    for name in ("config.json",) + tokenizer:
+        if (folder / name).is_file():
+            h.update(name.encode() + (folder / name).read_bytes())
+    for path in weight_files(folder):
+        size = path.stat().st_size
+        h.update(f"{path.name} {size}".encode())
+        with open(path, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            h.update(f.read(min(header_len, size)))
+            start = 8 + header_len
+            for k in range(WEIGHT_SAMPLES):
+                f.seek(start + k * max(size - start, 0) // WEIGHT_SAMPLES)
+                h.update(f.read(WEIGHT_SAMPLE_BYTES))
+    return h.hexdigest()[:16]
+
+
+def tensors_fingerprint(model):
+    """sha256 of every tensor of a (small) model: the embedded task's base, which exists only in memory."""
+    h = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        h.update(name.encode() + tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]

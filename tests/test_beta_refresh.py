@@ -10,8 +10,8 @@ import torch
 from conftest import ROWS, final_weights, metrics, train_args
 
 import gift
-from data import epoch_order, load_dataset, load_tokenizer, step_batches
-from gift import BetaCache, main, step_micro_batches, train_step
+from data import load_dataset, load_tokenizer
+from gift import BetaCache, epoch_order, main, step_batches, step_micro_batches, train_step
 from model import LLaDA
 
 # 12 examples, global batch 4: 3 steps per epoch
@@ -75,8 +75,8 @@ def test_the_cache_path_with_k1_equals_the_plain_gift_step(base):
                         assert not any(mb.stale.any() for mb in mbs)
                         for mb in mbs:
                             for r, i in enumerate(mb.indices):
-                                n = min(mb.ref_betas.shape[1], len(cache.betas[i]))  # cut or extended
-                                assert cache.epoch[i] == 0 and torch.equal(mb.ref_betas[r, :n], cache.betas[i][:n])
+                                n = min(mb.precomputed_betas.shape[1], len(cache.betas[i]))  # cut or extended
+                                assert cache.epoch[i] == 0 and torch.equal(mb.precomputed_betas[r, :n], cache.betas[i][:n])
                 results.append(train_step(model, optimizer, mbs, "gift"))
                 if cache:
                     cache.update(mbs, epoch)
@@ -97,7 +97,7 @@ def test_cached_rows_follow_the_micro_batchs_padded_length():
                          indices=[0, 1])
     cache.attach([mb], epoch=5)
     assert not mb.stale.any()
-    assert torch.equal(mb.ref_betas, torch.tensor([[0.0, 0.5, 0.25, 0.25], [0.0, 0.1, 0.2, 0.3]]))
+    assert torch.equal(mb.precomputed_betas, torch.tensor([[0.0, 0.5, 0.25, 0.25], [0.0, 0.1, 0.2, 0.3]]))
 
 
 def test_resume_inside_a_reuse_period_restores_the_cache(base, tmp_path, monkeypatch):
@@ -130,6 +130,6 @@ def test_a_cache_row_is_never_written_from_a_dummy_row():
     mb = gift.MicroBatch(torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool), None, real=False,
                          indices=[2])
     cache.attach([mb], 0)
-    mb.ref_betas[:] = 1.0
+    mb.precomputed_betas[:] = 1.0
     cache.update([mb], 0)
     assert int(cache.epoch[2]) == -1

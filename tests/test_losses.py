@@ -292,7 +292,7 @@ def test_reference_betas_use_the_base_model_under_lora():
     model = tiny_model(2)
     ids, answer_mask = tiny_batch(10, B=2, L=12)
     base = model_betas(model, ids, answer_mask)
-    with pytest.raises(ValueError, match="ref_betas"):
+    with pytest.raises(ValueError, match="precomputed_betas"):
         first_pass_betas(model, "initial", ids, answer_mask, model.config.mask_token_id)
     add_lora(model, r=4, alpha=8, dropout=0.0, generator=gen(7))
     for _, m in lora_layers(model):

@@ -16,8 +16,8 @@ import torch
 from conftest import REPO, ROWS, final_weights, latest, metrics, train_args, write_rows
 
 import gift
-from data import collate, epoch_order, load_dataset, load_tokenizer, rank_micro_batches, step_batches
-from gift import first_pass_betas, main
+from data import load_dataset, load_tokenizer
+from gift import collate, epoch_order, first_pass_betas, main, rank_micro_batches, step_batches
 from on_model import model_betas, model_loss, model_objective
 from model import LLaDA
 

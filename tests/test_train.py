@@ -191,7 +191,7 @@ BAD_OPTIONS = [
     (["--dtype", "float16"], "--dtype: invalid choice: 'float16'"),
     (["--save-dtype", "int8"], "--save-dtype: invalid choice: 'int8'"),
     (["--loss", "gift2"], "--loss: invalid choice: 'gift2'"),
-    (["--lora", "--lora-targets", "q_proj,qkv"], "['qkv'] not among a block's linears"),
+    (["--lora", "--lora-targets", "q_proj,qkv"], "['qkv'] not among the linears"),
     (["--resume", "--overwrite"], "choose one"),
     (["--save-merged"], "--save-merged needs --lora"),
     (["--beta-refresh-epochs", "-1"], "--beta-refresh-epochs -1: must be 1"),
