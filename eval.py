@@ -1,20 +1,24 @@
-"""Evaluate a LLaDA checkpoint on Sudoku, Countdown, GSM8K and MATH500 with the d1 / wd1 protocol, so that numbers
-are comparable with the GIFT paper's tables (which take their baselines from d1, Zhao et al. 2025).
+"""Evaluate a LLaDA or Dream checkpoint on Sudoku, Countdown, GSM8K and MATH500 with the d1 / wd1 protocol, so that
+numbers are comparable with the GIFT paper's tables (which take their baselines from d1, Zhao et al. 2025).
 
 Protocol (d1's eval/*.py): one user turn = instruction + "\\n\\n" + question, LLaDA's chat template, then the literal
 text "<reasoning>" after the assistant header; greedy block diffusion sampling (block 32, steps = gen_length / 2,
 low-confidence remasking); d1's answer extraction and grading rules, quirks included (listed above the graders).
-Checked against d1's own stored generations of LLaDA-8B-Instruct (tests/test_eval.py).
+Checked against d1's own stored generations of LLaDA-8B-Instruct (tests/test_eval.py). A Dream model gets the same
+protocol (the paper's Appendix C) in its own chat format, ChatML (the tokenizer says which); --sampler dream samples
+with Dream's own diffusion_generate instead.
 
     torchrun --nproc_per_node 8 eval.py --model DIR [--adapter DIR] --task gsm8k --data gsm8k_test.jsonl \\
         [--shots 5 --shot-data gsm8k_train.jsonl] [--seeds 0 1 2] [--out results.json]
     python eval.py --model DIR --task sudoku --data sudoku_4x4_test.csv --prompt-style plain   # one process
+
+The sampler's flags (--gen-length ... --top-k) are sample.py's, from one declared sample.SamplerOptions.
+gift.py's embedded task reports its held-out accuracy with evaluate_embedded.
 """
 
 import argparse
 import ast
 import csv
-import fcntl
 import hashlib
 import itertools
 import json
@@ -24,17 +28,20 @@ import os
 import random
 import re
 import statistics
-import sys
 import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from data import chat_prompt, check_mask_token, encode, load_tokenizer, unencodable_characters
-from sample import generate, generate_cached
+from data import chat_format, chat_prompt, check_mask_token, encode, load_tokenizer, unencodable_characters
+from model import (LLaDA, compute_dtype, end_distributed, find_model, generation_defaults, load_adapter, lock_file,
+                   merge_lora, run_command_line, setup_distributed)
+from sample import (SamplerOptions, add_sampler_flags, check_sampler_choice, check_sampler_options,
+                    generate_with_options, options_from_flags)
 
 # -----------------------------------------------------------------------------
 # Protocol constants (d1, github.com/dllm-reasoning/d1, eval/{gsm8k,math500,countdown,sudoku}.py, commit 837888f).
@@ -248,16 +255,18 @@ def shot_response(task, item, style="d1"):
     return f"<reasoning>\n{reasoning.strip()}\n</reasoning>\n<answer>\n{final}\n</answer>"
 
 
-def build_prompt(task, item, style="d1", shots=()):
-    """The prompt text for one item: chat template around one user turn (see above). shots: solved items."""
+def build_prompt(task, item, style="d1", shots=(), fmt="llada"):
+    """The prompt text for one item: chat template around one user turn (see above). shots: solved items. fmt: the
+    model's chat format, data.chat_format(tokenizer): "llada", or "chatml" for Dream (d1's "<reasoning>" then
+    follows ChatML's assistant header)."""
     if style not in PROMPT_STYLES:
         raise ValueError(f"unknown prompt style {style!r}; choose one of {PROMPT_STYLES}")
     user = "".join(f"Example question:\n{s['question'].strip()}\nExample response:\n{shot_response(task, s, style)}\n\n"
                    for s in shots)
     user += ("Question:\n" if shots else "") + item["question"]
     if style == "d1":
-        return chat_prompt([{"role": "user", "content": INSTRUCTIONS[task] + "\n\n" + user}]) + ASSISTANT_PREFIX
-    return chat_prompt([{"role": "user", "content": user}])
+        return chat_prompt([{"role": "user", "content": INSTRUCTIONS[task] + "\n\n" + user}], fmt) + ASSISTANT_PREFIX
+    return chat_prompt([{"role": "user", "content": user}], fmt)
 
 
 def pick_shots(shot_items, k, seed):
@@ -560,7 +569,8 @@ def accuracy(task, records):
 # Generation and grading, one process or torchrun
 
 
-def _dist():
+def rank_and_world():
+    """(rank, world size) of this process; (0, 1) without torch.distributed."""
     return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
 
 
@@ -570,42 +580,93 @@ def item_generator(seed, index, device):
     return torch.Generator(device).manual_seed(seed * 1_000_003 + index)
 
 
-@torch.no_grad()
-def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_length=BLOCK_LENGTH, batch_size=8,
-             prompt_style="d1", shots=(), temperature=0.0, seed=0, log=False, cache=None, threshold=None, done=None,
-             on_batch=None, cache_refresh=None, cache_drift=None):
-    """Generate an answer for every item and grade it. Returns (accuracy in %, records sorted by item) on rank 0
-    and (None, None) on the other ranks; without torch.distributed (or one rank) it is a plain function.
+def batch_generators(options, seed, idx, device):
+    """The generator(s) of a batch of items idx: the block sampler's noise (temperature > 0) comes from each item's
+    own, so that a resumed or re-batched run draws the same noise for it; Dream's sampler draws over the whole batch
+    (origin draws even when greedy), from one generator, its first item's: the same batch (batches are fixed by
+    --batch-size, a setting of the run) draws the same noise."""
+    if options.sampler == "dream":
+        return item_generator(seed, idx[0], device)
+    return [item_generator(seed, i, device) for i in idx] if options.temperature > 0 else None
 
-    The items are cut into fixed batches of batch_size consecutive items, batch k going to rank k % world: a batch
-    holds the same items whatever the number of ranks, so results do not depend on it. Prompts are left-padded
-    (pad_token_id) with an attention mask. Every rank runs the same number of batches (a rank with none left
-    repeats item 0 and drops the result), so a sharded model (FSDP) keeps its collectives in step. The generated
-    part is decoded with special tokens kept ("<|eot_id|>", "<|endoftext|>"), as d1 stores and grades it.
-    Each item's sampling noise (temperature > 0) comes from item_generator(seed, index).
-    cache, threshold, cache_refresh, cache_drift: sample.generate_cached's fast options (None, None = sample.generate,
-    the exact sampler).
-    done: {index: record} already graded (a resumed run): a batch whose items are all done is not generated again.
-    on_batch(records): called on rank 0 with each round's new records, as soon as they exist (streaming).
-    log: one progress line per round on rank 0: items done, generated tokens/s, running accuracy, ETA.
-    Under NCCL each rank must have called torch.cuda.set_device(local_rank) first (gather_object needs it).
-    """
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
-    gen_length = gen_length or GEN_LENGTH[task]
-    steps = steps or gen_length // 2
-    if batch_size < 1:
-        raise ValueError(f"eval.py evaluate: batch_size {batch_size}: must be at least 1")
-    rank, world = _dist()
-    raw = getattr(model, "module", model)  # DDP: call the real module (its forward would sync buffers)
-    device = next(raw.parameters()).device
-    pad_id = raw.config.pad_token_id
-    prompts = [encode(tokenizer, build_prompt(task, item, prompt_style, shots)) for item in items]
-    context = raw.config.max_sequence_length
+
+def d1_options(options, task):
+    """The sampler options with d1's protocol where a length is unset: the task's gen_length (GEN_LENGTH), block
+    length 32, steps = gen_length / 2 (two tokens unmasked per step)."""
+    gen_length = options.gen_length or GEN_LENGTH[task]
+    return replace(options, gen_length=gen_length, steps=options.steps or gen_length // 2,
+                   block_length=options.block_length or BLOCK_LENGTH)
+
+
+def left_padded(prompts, pad_id):
+    """Token-id lists as one batch: ids (B, P) left-padded with pad_id, and the attention mask (B, P), 1 = a real
+    token. Left padding puts every answer at the same positions, P onwards."""
+    P = max(len(x) for x in prompts)
+    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)  # (B, P)
+    attention_mask = torch.zeros((len(prompts), P), dtype=torch.long)  # (B, P)
+    for r, x in enumerate(prompts):
+        ids[r, P - len(x):] = torch.tensor(x, dtype=torch.long)
+        attention_mask[r, P - len(x):] = 1
+    return ids, attention_mask
+
+
+def encoded_prompts(tokenizer, task, items, prompt_style, shots, gen_length, context):
+    """Each item's prompt as token ids; a prompt that leaves no room for the gen_length answer tokens in the model's
+    context is refused, naming the item."""
+    fmt = chat_format(tokenizer)
+    prompts = [encode(tokenizer, build_prompt(task, item, prompt_style, shots, fmt)) for item in items]
     for i, ids in enumerate(prompts):
         if len(ids) + gen_length > context:
             raise ValueError(f"eval.py: item {i}: its prompt of {len(ids)} tokens + --gen-length {gen_length} exceed "
                              f"the model's max_sequence_length {context}; lower --gen-length or --shots")
+    return prompts
+
+
+def graded_records(tokenizer, task, items, idx, answers, seed, done):
+    """The records of the batch's items `idx` not graded before (`done`): each answer, answers (B, gen_length) token
+    ids, decoded with its special tokens ("<|eot_id|>", "<|endoftext|>") as d1 stores and grades it, then the item's
+    gold fields and its grade."""
+    new = []
+    for r, i in enumerate(idx):
+        if i in done:  # a batch partly done before (a rerun with a larger --limit): its old record stays
+            continue
+        text = tokenizer.decode(answers[r].tolist(), skip_special_tokens=False)
+        gold = {key: v for key, v in items[i].items() if key not in ("question", "reasoning")}
+        new.append(dict(index=i, seed=seed, question=items[i]["question"], generation=text, **gold,
+                        **grade(task, text, items[i])))
+    return new
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, prompt_style="d1", shots=(), seed=0,
+             log_every=0, done=None, on_batch=None):
+    """Generate an answer for every item and grade it. Returns (accuracy in %, records sorted by item) on rank 0
+    and (None, None) on the other ranks; without torch.distributed (or one rank) it is a plain function.
+
+    sampler_options: a sample.SamplerOptions (None: d1's protocol, greedy); its unset lengths are d1's for the task
+    (d1_options). No cache and no threshold is sample.generate, the exact sampler; else sample.generate_cached;
+    sampler "dream" is sample.diffusion_generate (a Dream model only).
+    The items are cut into fixed batches of batch_size consecutive items, batch k going to rank k % world: a batch
+    holds the same items whatever the number of ranks, so results do not depend on it. Prompts are left-padded
+    (pad_token_id) with an attention mask. Every rank runs the same number of batches (a rank with none left
+    repeats item 0 and drops the result), so a sharded model (FSDP) keeps its collectives in step.
+    Each item's sampling noise (temperature > 0) comes from item_generator(seed, index) (batch_generators).
+    done: {index: record} already graded (a resumed run): a batch whose items are all done is not generated again.
+    on_batch(records): called on rank 0 with each round's new records, as soon as they exist (streaming).
+    log_every: N > 0 = a progress line every N rounds and at the last, on rank 0: items done, generated tokens/s,
+    running accuracy, ETA. Under NCCL each rank must have called torch.cuda.set_device(local_rank) first
+    (gather_object needs it).
+    """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
+    options = d1_options(sampler_options or SamplerOptions(), task)
+    if batch_size < 1:
+        raise ValueError(f"eval.py evaluate: batch_size {batch_size}: must be at least 1")
+    rank, world = rank_and_world()
+    raw = getattr(model, "module", model)  # DDP: call the real module (its forward would sync buffers)
+    device = next(raw.parameters()).device
+    prompts = encoded_prompts(tokenizer, task, items, prompt_style, shots, options.gen_length,
+                              raw.config.max_sequence_length)
     done = dict(done or {})
     todo = [k for k in range(math.ceil(len(items) / batch_size))
             if not all(i in done for i in range(k * batch_size, min(len(items), (k + 1) * batch_size)))]
@@ -616,38 +677,19 @@ def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_l
     for round_ in range(rounds):
         k = todo[round_ * world + rank] if round_ * world + rank < len(todo) else None
         idx = list(range(k * batch_size, min(len(items), (k + 1) * batch_size))) if k is not None else []
-        ids = [prompts[i] for i in idx or [0]]
-        P = max(len(x) for x in ids)
-        prompt = torch.full((len(ids), P), pad_id, dtype=torch.long)  # (B, P), left-padded
-        attention_mask = torch.zeros((len(ids), P), dtype=torch.long)  # (B, P), 1 = real token
-        for r, x in enumerate(ids):
-            prompt[r, P - len(x):] = torch.tensor(x, dtype=torch.long)
-            attention_mask[r, P - len(x):] = 1
-        generators = [item_generator(seed, i, device) for i in idx or [0]] if temperature > 0 else None
-        kw = dict(attention_mask=attention_mask.to(device), steps=steps, gen_length=gen_length,
-                  block_length=block_length, temperature=temperature, remasking="low_confidence", generator=generators)
-        if cache is None and threshold is None:
-            out = generate(raw, prompt.to(device), **kw)  # (B, P + gen_length)
-        else:
-            out = generate_cached(raw, prompt.to(device), **kw, cache=cache, threshold=threshold,
-                                  cache_refresh=cache_refresh, cache_drift=cache_drift)
-        new = []
-        for r, i in enumerate(idx):
-            if i in done:  # a batch partly done before (a rerun with a larger --limit): its old record stays
-                continue
-            text = tokenizer.decode(out[r, P:].tolist(), skip_special_tokens=False)
-            gold = {key: v for key, v in items[i].items() if key not in ("question", "reasoning")}
-            new.append(dict(index=i, seed=seed, question=items[i]["question"], generation=text, **gold,
-                            **grade(task, text, items[i])))
+        prompt, attention_mask = left_padded([prompts[i] for i in idx or [0]], raw.config.pad_token_id)  # (B, P)
+        generators = batch_generators(options, seed, idx or [0], device)
+        out = generate_with_options(raw, prompt.to(device), attention_mask.to(device), options, generators)
+        new = graded_records(tokenizer, task, items, idx, out[:, prompt.shape[1]:], seed, done)  # (B, gen_length)
         if world > 1:  # rank 0 gathers every round, so that it can stream them
             gathered = [None] * world if rank == 0 else None
             dist.gather_object(new, gathered, dst=0)
             new = [r for part in gathered for r in part] if rank == 0 else []
         records += new
-        generated += len(idx) * gen_length
+        generated += len(idx) * options.gen_length
         if rank == 0 and on_batch and new:
             on_batch(new)
-        if log and rank == 0:
+        if rank == 0 and log_every and ((round_ + 1) % log_every == 0 or round_ == rounds - 1):
             elapsed = time.time() - start
             eta = elapsed / (round_ + 1) * (rounds - round_ - 1)
             print(f"  seed {seed}: {len(records)}/{len(items)} items, {generated / max(elapsed, 1e-9):.0f} tokens/s, "
@@ -657,6 +699,33 @@ def evaluate(model, tokenizer, items, task, gen_length=None, steps=None, block_l
         return None, None
     records.sort(key=lambda r: r["index"])
     return accuracy(task, records), records
+
+
+def evaluate_embedded(heldout, checkpoint, seed, device):
+    """Held-out Sudoku accuracy (d1's grader: correct cells among the blanks) of gift.py's embedded-task checkpoint
+    and, for scale, of the same architecture untrained (initialised from `seed`), sampled as the model folder's
+    generation_defaults.json says. heldout: (puzzle, solution) pairs; checkpoint: the checkpoint folder (its model/).
+    Every rank loads the saved folder and grades a slice; returns {"untrained": ..., "trained": ...} on rank 0 ({}
+    on the others) and prints one line for each."""
+    folder = Path(checkpoint) / "model"
+    items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
+    trained = LLaDA.from_pretrained(folder, device=device)
+    tokenizer = load_tokenizer(folder)
+    untrained = LLaDA(trained.config).init_weights(torch.Generator().manual_seed(seed)).to(device)
+    defaults = generation_defaults(folder)  # the embedded task's: plain prompts, one 34-token block in 34 steps
+    options = SamplerOptions(gen_length=defaults["gen_length"], steps=defaults["steps"],
+                             block_length=defaults["block_length"])
+    results = {}
+    for name, model in (("untrained", untrained), ("trained", trained)):
+        t0 = time.time()
+        acc, records = evaluate(model, tokenizer, items, "sudoku", options, batch_size=64,
+                                prompt_style=defaults["prompt_style"])
+        if records is not None:  # rank 0
+            solved = 100 * sum(r["correct_cells"] == r["empty_cells"] for r in records) / len(records)
+            results[name] = dict(cell_accuracy=round(acc, 2), puzzles_solved=round(solved, 2), puzzles=len(records))
+            print(f"held-out Sudoku ({len(records)} puzzles, {name}): cell accuracy {acc:.1f}%, "
+                  f"whole puzzles solved {solved:.1f}% ({time.time() - t0:.0f} s)", flush=True)
+    return results
 
 
 # -----------------------------------------------------------------------------
@@ -705,8 +774,9 @@ def append_records(path, records, settings):
                                "saved, rerun the same command to continue") from e
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description="Evaluate a LLaDA checkpoint with the d1 / wd1 protocol "
+def make_parser():
+    """eval.py's flags: the model, the benchmark, the sampler's (sample.add_sampler_flags), the output."""
+    p = argparse.ArgumentParser(description="Evaluate a LLaDA or Dream checkpoint with the d1 / wd1 protocol "
                                             "(torchrun --nproc_per_node N eval.py ... for several GPUs).")
     p.add_argument("--model", required=True, help="model folder (config.json, safetensors, tokenizer.json), or what "
                    "gift.py printed: a checkpoint or run folder")
@@ -719,22 +789,8 @@ def main(argv=None):
                    help="file in the --data format (a train split, not the test file) to draw the solved examples from")
     p.add_argument("--seeds", type=int, nargs="+", default=[0],
                    help="one run per seed (sampling noise and few-shot choice); mean and std are reported")
-    p.add_argument("--gen-length", type=int, default=None, help="tokens to generate (default: 512 Sudoku / "
-                                                                  "Countdown, 256 GSM8K / MATH500)")
-    p.add_argument("--steps", type=int, default=None, help="sampling steps (default: gen-length / 2)")
-    p.add_argument("--block-length", type=int, default=None, help=f"semi-autoregressive block length (default "
-                   f"{BLOCK_LENGTH}, or the model folder's)")
+    add_sampler_flags(p)  # --gen-length, --steps, --block-length, --temperature, ..., --cache-drift (sample.py's)
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call on each rank")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the protocol)")
-    p.add_argument("--cache", choices=("none", "prefix", "dual"), default="none",
-                   help="fast sampler: Fast-dLLM's key/value cache (none = the exact sampler, the paper's numbers)")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="fast sampler: unmask every token more confident than this (parallel decoding; e.g. 0.9)")
-    p.add_argument("--cache-refresh", type=int, default=None,
-                   help="fast sampler: rebuild the --cache every N steps inside a block (default: at its first only)")
-    p.add_argument("--cache-drift", type=float, default=None,
-                   help="fast sampler: also rebuild a row's --cache when its attention drifts (Elastic-Cache's test: "
-                   "cosine similarity below this, e.g. 0.9)")
     p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
                    help="weights dtype (auto: bfloat16 on GPU, float32 on CPU)")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N items (a quick check)")
@@ -744,168 +800,204 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="summary JSON file; every graded item streams to the same name with "
                                                 ".jsonl as its batch finishes, and rerunning the command continues")
     p.add_argument("--log-every", type=int, default=1, help="batches between progress lines")
+    return p
+
+
+def parse_args(argv=None):
+    """eval.py's flags, their values checked before anything is read (a one-line error naming the flag). Returns
+    (parser, args), args.options holding the sampler's (sample.SamplerOptions, lengths unset where not given)."""
+    p = make_parser()
     args = p.parse_args(argv)
     if args.shots and not args.shot_data:
         p.error("--shots needs --shot-data (a file to take the solved examples from)")
-    for flag in ("limit", "batch_size", "gen_length", "steps", "block_length", "log_every"):
+    for flag in ("limit", "batch_size", "log_every"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             p.error(f"--{flag.replace('_', '-')} {value}: must be at least 1")
-    if args.threshold is not None and not 0 <= args.threshold < 1:
-        p.error(f"--threshold {args.threshold}: a confidence in [0, 1)")
-    if not args.temperature >= 0:
-        p.error(f"--temperature {args.temperature}: must be 0 (greedy) or more")
-    if args.cache_refresh is not None and (args.cache == "none" or args.cache_refresh < 1):
-        p.error(f"--cache-refresh {args.cache_refresh}: a number of steps >= 1, with --cache prefix or dual")
-    if args.cache_drift is not None and (args.cache == "none" or not 0 < args.cache_drift <= 1):
-        p.error(f"--cache-drift {args.cache_drift}: a cosine similarity in (0, 1], with --cache prefix or dual")
+    try:
+        check_sampler_options(options_from_flags(args))
+    except ValueError as e:
+        p.error(str(e))
     if len(set(args.seeds)) < len(args.seeds):
         p.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once (the std is over distinct runs)")
-    from model import LLaDA, find_model, generation_defaults, load_adapter, merge_lora  # the command line's own
-    try:  # the model folder (a run or checkpoint folder finds its model) and its own settings, for its own task
-        folder, adapter = find_model(args.model)
-        defaults = generation_defaults(folder)
+    return p, args
+
+
+def resolve_model(p, args):
+    """The model folder (a run or checkpoint folder finds its model) and adapter, and what the folder's
+    generation_defaults.json says for this task, or for every task when it names none (the test file, the prompt
+    style, the sampler's options), else d1's protocol; the options checked. Sets args.folder, .adapter, .data,
+    .prompt_style, .options."""
+    try:
+        args.folder, adapter = find_model(args.model)
+        defaults = generation_defaults(args.folder)
     except (FileNotFoundError, ValueError) as e:
         p.error(str(e))
-    adapter = args.adapter or adapter
-    defaults = defaults if defaults.get("task") == args.task else {}
+    args.adapter = args.adapter or adapter
+    defaults = defaults if defaults.get("task") in (None, args.task) else {}  # the folder's own task's settings
     if args.data is None:
         if not defaults.get("test_data"):
             p.error(f"--data: give the {args.task} test file (the model folder names none for this task)")
-        args.data = str(folder / defaults["test_data"])
+        args.data = str(args.folder / defaults["test_data"])
     args.prompt_style = args.prompt_style or defaults.get("prompt_style", "d1")
-    args.gen_length = args.gen_length or defaults.get("gen_length")
-    args.block_length = args.block_length or defaults.get("block_length", BLOCK_LENGTH)
-    args.steps = args.steps or defaults.get("steps")
-    gen_length, block_length = args.gen_length or GEN_LENGTH[args.task], args.block_length
-    steps = args.steps or gen_length // 2
-    if block_length > gen_length:
-        p.error(f"--block-length {block_length} is longer than --gen-length {gen_length}")
-    if gen_length % block_length or steps % (gen_length // block_length):
-        p.error(f"--gen-length {gen_length} must be a multiple of --block-length {block_length}, and --steps {steps} "
-                f"a multiple of the number of blocks {gen_length // max(block_length, 1)}")
+    o = d1_options(options_from_flags(args, defaults), args.task)  # a flag, else the folder's, else d1's protocol
+    try:
+        check_sampler_choice(args, o, args.folder)
+    except ValueError as e:
+        p.error(str(e))
+    if o.sampler == "block" and o.block_length > o.gen_length:
+        p.error(f"--block-length {o.block_length} is longer than --gen-length {o.gen_length}")
+    if o.sampler == "block" and (o.gen_length % o.block_length or o.steps % (o.gen_length // o.block_length)):
+        p.error(f"--gen-length {o.gen_length} must be a multiple of --block-length {o.block_length}, and --steps "
+                f"{o.steps} a multiple of the number of blocks {o.gen_length // max(o.block_length, 1)}")
+    args.options = o
 
-    out = records_path = None
-    if args.out:  # checked before the model loads
-        out = Path(args.out)
-        if out.is_dir() or out.suffix == ".jsonl":
-            p.error(f"--out {args.out}: name the summary .json file (the records go beside it, in a .jsonl)")
-        records_path = out.with_suffix(".jsonl")
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            open(records_path, "a").close()
-        except OSError as e:
-            p.error(f"--out {args.out}: cannot write {records_path} ({e.strerror})")
-        if int(os.environ.get("RANK", "0")) == 0:  # one eval per output file, as gift.py's one run per folder
-            lock = open(records_path.with_suffix(".lock"), "a")
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until the process ends, however it ends
-            except BlockingIOError:
-                p.error(f"--out {args.out}: another eval.py is writing {records_path}; wait for it, or use "
-                        "another --out")
-            except OSError:
-                pass  # a file system without locks: unprotected, as before
 
-    # torchrun sets WORLD_SIZE / LOCAL_RANK; a plain `python eval.py` is one process
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
-             "float32": torch.float32}[args.dtype]
-    if distributed:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    rank = _dist()[0]
+def open_output(p, args):
+    """--out checked before the model loads, and the records file beside it (.jsonl) created; rank 0 locks it (one
+    eval per output file, as gift.py's one run per folder; the kernel drops the lock however the process ends).
+    Returns (summary path, records path, the lock's open file); Nones without --out."""
+    if not args.out:
+        return None, None, None
+    out = Path(args.out)
+    if out.is_dir() or out.suffix == ".jsonl":
+        p.error(f"--out {args.out}: name the summary .json file (the records go beside it, in a .jsonl)")
+    records_path = out.with_suffix(".jsonl")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        open(records_path, "a").close()
+    except OSError as e:
+        p.error(f"--out {args.out}: cannot write {records_path} ({e.strerror})")
+    lock = None
+    if int(os.environ.get("RANK", "0")) == 0:  # before the process group starts: no rank waits on a refused run
+        lock, holder = lock_file(records_path.with_suffix(".lock"))
+        if lock is None:
+            p.error(f"--out {args.out}: another eval.py is writing {records_path}; wait for it, or use another --out")
+    return out, records_path, lock
 
+
+def load_data(p, args):
+    """The test items (the first --limit), the few-shot pool and the model's tokenizer; every prompt is checked
+    readable by the tokenizer, and a missing or malformed file named in one line, before the model loads."""
     try:
         items = load_benchmark(args.task, args.data)[:args.limit]
         shot_items = load_benchmark(args.task, args.shot_data) if args.shots else []
-    except (OSError, ValueError) as e:  # a missing or malformed test file: one line, before the model loads
+    except (OSError, ValueError) as e:
         p.error(str(e) if str(args.data) in str(e) else f"--data {args.data}: {e}")
-    cache = None if args.cache == "none" else args.cache
-    tokenizer = load_tokenizer(folder)
-    for item in items + shot_items:  # every prompt readable by the model, before it loads
-        bad = unencodable_characters(tokenizer, build_prompt(args.task, item, args.prompt_style, ()))
+    tokenizer = load_tokenizer(args.folder)
+    fmt = chat_format(tokenizer)
+    for item in items + shot_items:
+        bad = unencodable_characters(tokenizer, build_prompt(args.task, item, args.prompt_style, (), fmt))
         if bad:
             hint = ("; the embedded Sudoku model reads plain prompts (--prompt-style plain)"
                     if args.prompt_style != "plain" else "")
             p.error(f"{args.data}: a {args.prompt_style} prompt has characters this model's tokenizer cannot encode: "
                     f"{', '.join(map(repr, bad))}{hint}")
-    settings = dict(task=args.task, model=os.path.abspath(folder),
-                    adapter=adapter and os.path.abspath(adapter), data=os.path.abspath(args.data),
+    return items, shot_items, tokenizer
+
+
+def run_settings(args, dtype):
+    """What the generations depend on, stored with every record: a rerun continues a file only with the same."""
+    o = args.options
+    settings = dict(task=args.task, model=os.path.abspath(args.folder),
+                    adapter=args.adapter and os.path.abspath(args.adapter), data=os.path.abspath(args.data),
                     data_sha256=hashlib.sha256(Path(args.data).read_bytes()).hexdigest()[:16],
-                    gen_length=gen_length, steps=steps, block_length=args.block_length, batch_size=args.batch_size,
+                    gen_length=o.gen_length, steps=o.steps, block_length=o.block_length, batch_size=args.batch_size,
                     shots=args.shots, shot_data=args.shot_data and os.path.abspath(args.shot_data),
-                    prompt_style=args.prompt_style, temperature=args.temperature, cache=cache,
-                    threshold=args.threshold, dtype=str(dtype).replace("torch.", ""))
-    if args.cache_refresh:  # a setting of its own only when used: files of earlier runs keep resuming
-        settings["cache_refresh"] = args.cache_refresh
-    if args.cache_drift:
-        settings["cache_drift"] = args.cache_drift
-    finished = {}
-    if records_path and rank == 0:
-        finished = read_records(records_path, settings)
-        if finished:
-            print(f"{records_path}: {len(finished)} graded items found; generating the rest", flush=True)
-    elif rank == 0:
+                    prompt_style=args.prompt_style, temperature=o.temperature, cache=o.cache,
+                    threshold=o.threshold, dtype=str(dtype).replace("torch.", ""))
+    # settings of their own only when used: files of earlier runs keep resuming
+    extra = dict(cache_refresh=o.cache_refresh, cache_drift=o.cache_drift, cfg_scale=o.cfg_scale,
+                 remasking=None if o.remasking == "low_confidence" else o.remasking)
+    if o.sampler == "dream":  # Dream's sampler reads none of the block sampler's options, and its own
+        extra = dict(sampler=o.sampler, alg=o.alg, alg_temp=o.alg_temp, eps=o.eps, top_p=o.top_p, top_k=o.top_k)
+    return settings | {k: v for k, v in extra.items() if v}
+
+
+def graded_before(records_path, settings):
+    """Rank 0: the records an earlier run of this command left in records_path, checked against settings (read_records),
+    {(seed, index): record}; it says how many."""
+    if records_path is None:
         print("no --out: the generations are not saved, and an interrupted run cannot continue", flush=True)
-    if distributed:
-        box = [finished]
-        dist.broadcast_object_list(box, src=0)
-        finished = box[0]
+        return {}
+    finished = read_records(records_path, settings)
+    if finished:
+        print(f"{records_path}: {len(finished)} graded items found; generating the rest", flush=True)
+    return finished
 
-    model = LLaDA.from_pretrained(folder, dtype=dtype, device=device)
-    if adapter:
-        load_adapter(model, adapter)
-        merge_lora(model.to(device))  # one weight per layer: faster sampling, same function
-    model.eval()
-    check_mask_token(tokenizer, model.config)
 
-    runs = []
+def load_model(args, device, dtype):
+    """The model in eval mode, its LoRA adapter merged in (one weight per layer: faster sampling, same function)."""
+    model = LLaDA.from_pretrained(args.folder, dtype=dtype, device=device)
+    if args.adapter:
+        load_adapter(model, args.adapter)
+        merge_lora(model.to(device))
+    return model.eval()
+
+
+def evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch):
+    """One evaluate() per --seeds seed, each going on from the records `finished` holds. Rank 0's runs:
+    [{"seed", "accuracy", "records"}] ([] on the other ranks)."""
+    o, rank, runs = args.options, rank_and_world()[0], []
+    sampler = ("exact" if o.exact else f"cache {o.cache or 'none'}, threshold {o.threshold}, cache refresh "
+               f"{o.cache_refresh}, cache drift {o.cache_drift}")
+    if o.sampler == "dream":
+        sampler = f"Dream's diffusion_generate, alg {o.alg}, alg_temp {o.alg_temp}, top_p {o.top_p}, top_k {o.top_k}"
     for seed in args.seeds:
         if rank == 0:
-            sampler = ("exact" if cache is None and args.threshold is None else
-                       f"cache {args.cache}, threshold {args.threshold}, cache refresh {args.cache_refresh}, "
-                       f"cache drift {args.cache_drift}")
-            print(f"{args.task}: {len(items)} items, seed {seed}, gen_length {gen_length}, steps {steps}, "
-                  f"block {args.block_length}, {args.shots}-shot, {args.prompt_style} prompts, sampler {sampler}",
+            print(f"{args.task}: {len(items)} items, seed {seed}, gen_length {o.gen_length}, steps {o.steps}, "
+                  f"block {o.block_length}, {args.shots}-shot, {args.prompt_style} prompts, sampler {sampler}",
                   flush=True)
         done = {i: r for (s, i), r in finished.items() if s == seed and i < len(items)}
-        acc, records = evaluate(model, tokenizer, items, args.task, gen_length=gen_length, steps=steps,
-                                block_length=args.block_length, batch_size=args.batch_size,
+        acc, records = evaluate(model, tokenizer, items, args.task, o, batch_size=args.batch_size,
                                 prompt_style=args.prompt_style, shots=pick_shots(shot_items, args.shots, seed),
-                                temperature=args.temperature, seed=seed, log=True, cache=cache,
-                                threshold=args.threshold, done=done, cache_refresh=args.cache_refresh,
-                                cache_drift=args.cache_drift,
-                                on_batch=(lambda new: append_records(records_path, new, settings)) if records_path
-                                else None)
-        if rank == 0:
+                                seed=seed, log_every=args.log_every, done=done, on_batch=on_batch)
+        if records is not None:  # rank 0
             print(f"seed {seed}: accuracy {acc:.2f}%", flush=True)
             runs.append(dict(seed=seed, accuracy=acc, records=[{k: v for k, v in r.items() if k != "settings"}
                                                                for r in records]))
+    return runs
 
-    if rank == 0:
-        accs = [r["accuracy"] for r in runs]
-        mean, std = statistics.mean(accs), (statistics.stdev(accs) if len(accs) > 1 else 0.0)  # sample std
-        print(f"{args.task} accuracy: {mean:.2f}" + (f" +- {std:.2f} (std over {len(accs)} seeds)" if len(accs) > 1
-                                                      else "") + " %")
-        if out:
-            result = dict(settings, accuracy_mean=mean, accuracy_std=std, n_items=len(items), runs=runs)
-            tmp = out.with_name(out.name + ".tmp")
-            tmp.write_text(json.dumps(result, indent=1))
-            os.replace(tmp, out)
-            print(f"wrote {out} (every graded item: {records_path})")
-    if distributed:
-        time.sleep(0.2)  # let gloo's threads release their last tensors first (see the end of gift.py's main)
-        dist.destroy_process_group()
+
+def report(args, settings, n_items, runs, out, records_path):
+    """Rank 0: the accuracy's mean (and sample std) over the seeds, and the summary JSON, written atomically."""
+    accs = [r["accuracy"] for r in runs]
+    mean, std = statistics.mean(accs), (statistics.stdev(accs) if len(accs) > 1 else 0.0)  # sample std
+    print(f"{args.task} accuracy: {mean:.2f}" + (f" +- {std:.2f} (std over {len(accs)} seeds)" if len(accs) > 1
+                                                  else "") + " %")
+    if out:
+        result = dict(settings, accuracy_mean=mean, accuracy_std=std, n_items=n_items, runs=runs)
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, out)
+        print(f"wrote {out} (every graded item: {records_path})")
+
+
+def main(argv=None):
+    p, args = parse_args(argv)
+    resolve_model(p, args)
+    out, records_path, lock = open_output(p, args)  # all checked before the model loads
+    try:
+        rank, world, device = setup_distributed()  # torchrun's processes; a plain `python eval.py` is one
+        dtype = compute_dtype(args.dtype, device)
+        items, shot_items, tokenizer = load_data(p, args)
+        settings = run_settings(args, dtype)
+        finished = graded_before(records_path, settings) if rank == 0 else {}
+        if world > 1:  # rank 0's, on every rank
+            box = [finished]
+            dist.broadcast_object_list(box, src=0)
+            finished = box[0]
+        model = load_model(args, device, dtype)
+        check_mask_token(tokenizer, model.config)
+        on_batch = (lambda new: append_records(records_path, new, settings)) if records_path else None
+        runs = evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch)
+        if rank == 0:
+            report(args, settings, len(items), runs, out, records_path)
+        end_distributed()
+    finally:
+        if lock is not None:
+            lock.close()  # the next eval of this file, in this process too, may start
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, OSError) as e:  # a user's mistake (a file, a folder, a data row, a prompt): one line
-        print(f"eval.py: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    run_command_line(main, "eval.py")  # a user's mistake: one line, exit status 1

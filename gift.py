@@ -1,4 +1,4 @@
-"""GIFT: Guided Importance-Aware Fine-Tuning of masked diffusion LMs (arXiv 2509.20863), on LLaDA.
+"""GIFT: Guided Importance-Aware Fine-Tuning of masked diffusion LMs (arXiv 2509.20863), on LLaDA and Dream.
 
     torchrun --nproc_per_node 8 gift.py --model LLaDA-8B-Instruct --data s1k.jsonl --lora   # the paper's recipes
     python gift.py                 # the embedded default: a tiny LLaDA learns 4x4 Sudoku on the CPU, then is evaluated
@@ -337,8 +337,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data import (EMBEDDED_EVAL, FORMATS, data_fingerprint, describe_embedded, embedded_task, load_dataset,
                   load_tokenizer, special_ids, tiny_config_for)
 from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, add_lora, atomic_write_text, end_distributed,
-                   folder_fingerprint, load_weight_rows, lora_disabled, lora_layers, parse_dataclass_flags,
-                   setup_distributed, stored_dtype, tensors_fingerprint)
+                   folder_fingerprint, from_pretrained, load_weight_rows, lora_disabled, lora_layers,
+                   parse_dataclass_flags, setup_distributed, stored_dtype, tensors_fingerprint)
 
 DTYPES = ("auto", "bfloat16", "float32")
 
@@ -346,8 +346,8 @@ DTYPES = ("auto", "bfloat16", "float32")
 @dataclass
 class TrainOptions:
     # what to train
-    model: str = field(default="", metadata={"help": "Hugging Face LLaDA folder (config.json, safetensors, "
-                                             "tokenizer.json); empty = the embedded tiny Sudoku task"})
+    model: str = field(default="", metadata={"help": "Hugging Face LLaDA or Dream folder (config.json, safetensors, "
+                                             "a tokenizer); empty = the embedded tiny Sudoku task"})
     data: str = field(default="", metadata={"help": "training JSONL (messages, prompt/response, s1K or s1K-1.1)"})
     data_format: str = field(default="auto", metadata={"help": "the JSONL's layout (auto: from the first row)",
                                                        "choices": ("auto",) + FORMATS})
@@ -414,7 +414,8 @@ EMBEDDED_GLOBAL_BATCH = 64  # split over the processes, so `python gift.py` and 
 
 def parse_options(argv=None):
     """TrainOptions from the command line (`python gift.py --help` lists every option), checked before any work."""
-    parser = argparse.ArgumentParser(description="GIFT / SFT fine-tuning of LLaDA (arXiv 2509.20863; see README.md)")
+    parser = argparse.ArgumentParser(description="GIFT / SFT fine-tuning of LLaDA or Dream (arXiv 2509.20863; see "
+                                                 "README.md)")
     given = parse_dataclass_flags(parser, TrainOptions, argv)
     opts = TrainOptions(**given)
     if not opts.model:
@@ -528,9 +529,13 @@ def gather_objects(obj):
 # The model on its devices: LoRA adapters on a frozen base, replicated by DDP; or full fine-tuning, sharded by FSDP2
 
 
+FSDP_ONE_GROUP_MAX_PARAMS = 10_000_000  # FSDP2 shards a model up to this size as one group (wrap_model)
+
+
 def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=False, seed=0):
     """lora=None: full fine-tuning; float32 master weights, sharded with FSDP2 over `world` > 1 processes (one
-    group per block, then the root), computing in `dtype` with float32 gradient reductions.
+    group per block, then the root; one group for a model of at most FSDP_ONE_GROUP_MAX_PARAMS parameters),
+    computing in `dtype` with float32 gradient reductions.
     lora=dict(r=, alpha=, dropout=, targets=): float32 adapters (A initialised from `seed`) on a frozen base in
     `dtype`, replicated with DDP over `world` > 1 processes.
     A full fine-tuning model built on the meta device is sharded there and then given empty float32 storage on
@@ -549,8 +554,13 @@ def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=
     if world > 1:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-        for block in model.model.transformer.blocks:
-            fully_shard(block, mp_policy=mp)
+        # one group per block: one block's parameters are whole at a time (an 8B model is never whole), for an
+        # all-gather per block in each pass (entropy pass, forward, backward) and a reduce-scatter per block. A small
+        # model is one group: one all-gather and one reduce-scatter a step (the embedded task's 2 processes: 12
+        # collectives a step fewer, 15-20% of its time), the same numbers (2 ranks sum 2 terms in any grouping)
+        if sum(p.numel() for p in model.parameters()) > FSDP_ONE_GROUP_MAX_PARAMS:
+            for block in model.model.transformer.blocks:
+                fully_shard(block, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
     if on_meta:
         model.to_empty(device=device)
@@ -643,6 +653,8 @@ def gift_star_betas(model, inputs, path, pad_to, batch_size, beta_power, device,
     padded = mine + [0] * (math.ceil(len(examples) / world) - len(mine))  # equal batches: FSDP2's forward is collective
     with autocast:
         part = initial_model_betas(model, [examples[i] for i in padded], pad_id, length, batch_size, device, beta_power)
+    if hasattr(model, "reshard"):  # FSDP2 keeps the root's parameters gathered after a forward with no backward
+        model.reshard()
     betas = torch.zeros(len(examples), length)
     for r, part_r in enumerate(gather_objects(part[:len(mine)])):
         betas[r::world] = part_r
@@ -916,7 +928,7 @@ def load_inputs(opts, rank, dtype):
     print0(describe_data(stats))
     # the model, and what checkpoints record of it
     if opts.lora:
-        model = LLaDA.from_pretrained(opts.model, dtype=dtype)
+        model = from_pretrained(opts.model, dtype=dtype)
     else:
         with torch.device("meta"):
             model = LLaDA(config)
@@ -1101,7 +1113,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
-from model import lock_file, merged_state_dict, save_adapter
+from model import lock_file, merged_state_dict, run_command_line, save_adapter
 
 
 class RunError(RuntimeError):
@@ -1716,27 +1728,6 @@ def write_results(out, opts, results, folder, train_s, total_s, puzzle):
           f"evaluate it:   python eval.py --model {folder} --task sudoku", flush=True)
 
 
-def evaluate_embedded(heldout, checkpoint, seed, device):
-    """Held-out Sudoku accuracy (eval.py's grader: correct cells among the blanks) of the trained checkpoint and,
-    for scale, of the same architecture untrained. Every rank loads the saved folder and grades a slice."""
-    from eval import SUDOKU_QUESTION, evaluate  # here, not at the top: importing gift.py does not import eval.py
-    items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
-    trained = LLaDA.from_pretrained(checkpoint / "model", device=device)
-    tokenizer = load_tokenizer(checkpoint / "model")
-    untrained = LLaDA(trained.config).init_weights(torch.Generator().manual_seed(seed)).to(device)
-    sampling = {k: EMBEDDED_EVAL[k] for k in ("prompt_style", "gen_length", "block_length", "steps")}
-    results = {}
-    for name, model in (("untrained", untrained), ("trained", trained)):
-        t0 = time.time()
-        acc, records = evaluate(model, tokenizer, items, "sudoku", batch_size=64, **sampling)
-        if records is not None:  # rank 0
-            solved = 100 * sum(r["correct_cells"] == r["empty_cells"] for r in records) / len(records)
-            results[name] = dict(cell_accuracy=round(acc, 2), puzzles_solved=round(solved, 2), puzzles=len(records))
-            print0(f"held-out Sudoku ({len(records)} puzzles, {name}): cell accuracy {acc:.1f}%, "
-                   f"whole puzzles solved {solved:.1f}% ({time.time() - t0:.0f} s)")
-    return results
-
-
 def main(argv=None):
     opts = parse_options(argv)
     t0 = time.time()
@@ -1745,6 +1736,7 @@ def main(argv=None):
     t_train = time.time() - t0
     folder = checkpoint / ("adapter" if opts.lora else "model")
     if inputs.heldout is not None:  # the embedded default: evaluate on held-out puzzles with the block sampler
+        from eval import evaluate_embedded  # here, not at the top: importing gift.py does not import eval.py
         results = evaluate_embedded(inputs.heldout, checkpoint, opts.seed, next(model.parameters()).device)
         if is_rank0():
             write_results(Path(opts.out), opts, results, folder, t_train, time.time() - t0, inputs.heldout[0][0])
@@ -1752,9 +1744,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, OSError, RunError) as e:  # a user's mistake (a flag, file, folder, data row, checkpoint)
-        if is_rank0():
-            print(f"gift.py: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    # a user's mistake (a flag, file, folder, data row, checkpoint): one line from rank 0, exit status 1
+    run_command_line(main, "gift.py", rank0_only=True, errors=(ValueError, OSError, RunError))

@@ -212,7 +212,8 @@ class LLaDAConfig:
         return DREAM_FIELDS[name][0] if self.model_type == "Dream" and name in DREAM_FIELDS else name
 
     def checkpoint_name(self, name):
-        """Our module or parameter name as this family's checkpoint and PEFT adapters spell it (Dream: DREAM_MODULES)."""
+        """Our module or parameter name as this family's checkpoint and PEFT adapters spell it (Dream:
+        DREAM_MODULES)."""
         return rename(name, DREAM_MODULES) if self.model_type == "Dream" else name
 
     def module_name(self, key):
@@ -567,9 +568,16 @@ def open_weights(file, device="cpu"):
         yield f
 
 
+FINITE_CHECK_SLICE = 1 << 22  # elements checked at a time: isfinite's temporaries stay a few MB, not 5 B / element
+
+
 def check_finite(t, key, file):
-    """Refuse a tensor holding NaN or inf (one pass over it; a diverged run or an overflowing cast writes them)."""
-    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+    """Refuse a tensor holding NaN or inf (one pass over it, in slices; a diverged run or an overflowing cast writes
+    them)."""
+    if not t.is_floating_point():
+        return
+    flat, n = t.reshape(-1), FINITE_CHECK_SLICE
+    if not all(bool(torch.isfinite(flat[i:i + n]).all()) for i in range(0, len(flat), n)):
         bad = int((~torch.isfinite(t)).sum())
         raise ValueError(f"{file}: tensor {key!r} holds {bad} NaN or infinite values (of {t.numel()} {t.dtype}): a "
                          "diverged run saved it, or its values overflow this dtype; load an earlier checkpoint, or "
@@ -756,7 +764,8 @@ def add_lora(model, r=128, alpha=256, dropout=0.05, targets=LORA_TARGETS, genera
         p.requires_grad_(False)
     names = lora_target_names(model, targets, layers_to_transform, layers_pattern)
     if not names:
-        raise ValueError(f"LoRA targets {targets!r} (layers {layers_to_transform!r}) match no linear layer of the model")
+        raise ValueError(f"LoRA targets {targets!r} (layers {layers_to_transform!r}) match no linear layer of the "
+                         "model")
 
     def pattern(patterns, name, default):
         return pattern_value(patterns or {}, model.config.checkpoint_name(name),
@@ -1015,6 +1024,17 @@ def lock_file(path):
     return lock, None
 
 
+def run_command_line(main, name, rank0_only=False, errors=(ValueError, OSError)):
+    """main() for `python <name>`: a user's mistake (one of `errors`: a flag, a file, a folder, a data row, a prompt)
+    ends in one line on stderr, "<name>: error: ...", and exit status 1, not a traceback (tracebacks are for bugs).
+    rank0_only: only rank 0 prints it (every rank of a torchrun job meets the same mistake)."""
+    try:
+        main()
+    except errors as e:
+        if not rank0_only or not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+            print(f"{name}: error: {e}", file=sys.stderr)
+        sys.exit(1)
+
 def parse_dataclass_flags(parser, cls, argv=None):
     """One flag per field of the dataclass `cls` (--name-with-dashes, typed, its help and choices from the field's
     metadata); unknown flags are an error. Returns the fields given on the command line (a flag given as 0 is given)."""
@@ -1047,7 +1067,8 @@ def folder_fingerprint(folder):
     its size, its header (names, dtypes, shapes) and 16 evenly spaced 64 KiB samples of its data: fine-tuning
     changes those bytes, and reading all 16 GB of LLaDA-8B at every start would take a minute."""
     folder, h = Path(folder), hashlib.sha256()
-    tokenizer = ("tokenizer.json",) if (folder / "tokenizer.json").is_file() else ("vocab.json", "merges.txt")  # Dream's
+    # a slow tokenizer's files (Dream's) when there is no tokenizer.json
+    tokenizer = ("tokenizer.json",) if (folder / "tokenizer.json").is_file() else ("vocab.json", "merges.txt")
     for name in ("config.json",) + tokenizer:
         if (folder / name).is_file():
             h.update(name.encode() + (folder / name).read_bytes())

@@ -1,4 +1,4 @@
-"""LLaDA's block diffusion sampler: the official generate.py, token for token, batched; and an opt-in fast one.
+"""LLaDA's block diffusion sampler: the official generate.py, token for token, batched; an opt-in fast one; Dream's.
 
 LLaDA (Nie et al. 2025, "Large Language Diffusion Models", Sec. 2.4 and Appendix B) answers by starting from a fully
 masked response and running `steps` reverse-diffusion steps; each step predicts every masked token and keeps the
@@ -14,22 +14,109 @@ where the tokens cannot change:
   - classifier-free guidance also works without an attention mask (the official code raises a NameError there).
 generate() is that exact sampler, loop for loop beside the official one. generate_cached() is the opt-in fast
 sampler of Fast-dLLM (Wu et al. 2025, arXiv 2505.22618): a prefix or dual key/value cache reused over a block's
-steps, and confidence-threshold parallel decoding; it trades exactness for speed, with the same arguments and draws.
+steps, and confidence-threshold parallel decoding; it trades exactness for speed, with the same random draws.
+SamplerOptions declares the samplers' options once: generate_cached() takes them, and sample.py's and eval.py's
+command lines make one flag of each.
+diffusion_generate() is Dream-v0's own sampler (github.com/HKUNLP/Dream, generation_utils.py), token for token with
+the official diffusion_generate: its algorithms origin, maskgit_plus, topk_margin and entropy over the whole answer,
+and the same random draws from an explicit generator.
 
     python sample.py --model DIR [--adapter DIR] --prompt "..." [--gen-length 128 --steps 128 --block-length 32]
     python sample.py --model DIR --prompt "..." --cache dual --cache-refresh 2 --threshold 0.995   # the fast sampler
 """
 
 import argparse
-import sys
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from gift import uniforms  # U(0, 1) draws from one generator, or one per row (gift.py Part I, torch only)
-
 REMASKING = ("low_confidence", "random")  # the official strategies
 CACHES = (None, "prefix", "dual")  # generate_cached's key/value caches (None: no cache)
+DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")  # Dream's diffusion_generate
+SAMPLERS = ("block", "dream")  # generate / generate_cached, or diffusion_generate (SamplerOptions.sampler)
+# the options only one of them reads: a flag of the other's is refused (check_sampler_choice)
+BLOCK_ONLY = ("block_length", "cfg_scale", "remasking", "cache", "threshold", "cache_refresh", "cache_drift")
+DREAM_ONLY = ("alg", "alg_temp", "eps", "top_p", "top_k")
+
+
+@dataclass
+class SamplerOptions:
+    """How to sample an answer: which sampler (`sampler`: "block", generate() or the fast generate_cached(), for
+    either family; "dream", Dream's own diffusion_generate()) and its arguments, declared once for the library call
+    and for the flags of sample.py and eval.py (--gen-length, ..., --top-k).
+
+    A field that no flag gives is taken from the model folder's generation_defaults.json when it names it (a Dream
+    folder's {"sampler": "dream", "alg": "entropy"} makes Dream's sampler its default); the lengths still unset
+    (None) are then filled in by whoever samples: sample.py with its own defaults, eval.py with d1's protocol for the
+    task; generate_cached needs them set. Dream's sampler reads gen_length (its max_new_tokens), steps, temperature
+    and its own options (alg ... top_k); a flag of the other sampler's options is refused (check_sampler_choice).
+    The fast sampler's options, in more words (cache=None with threshold=None is generate() itself):
+    cache: "prefix" = at each block's first step one full forward stores every position's keys and values; the
+        block's later steps run only the block and what follows it, the prompt and the finished blocks read from
+        the cache. "dual" = those steps run only the block; the later (still masked) blocks read from the cache too.
+        The cached keys and values are the block's first step's: an approximation, since attention is
+        bidirectional. Only the current block's masks are eligible (the exact sampler also retries masks that an
+        earlier block left, which happens only when the model predicts the mask token itself).
+    threshold: confidence-aware parallel decoding: each step unmasks every eligible position whose confidence
+        exceeds it (at least the most confident one per row), and a block ends as soon as it has no mask left
+        (at most block_length steps); `steps` is then only checked.
+    cache_refresh: N = a step that is a multiple of N within the block (0, N, 2N, ...) runs the full forward and
+        rebuilds the cache, as the block's first step does; the others read it. None = only the block's first step
+        (Fast-dLLM). With one block spanning the whole answer, the prompt's keys and values are otherwise never
+        recomputed after the answer tokens decoded since; N = 1 runs every step in full (the exact tokens).
+    cache_drift: gamma in (0, 1]: an adaptive refresh, Elastic-Cache's drift test (attention_drift), row by row:
+        a row whose tracked token's attention drifted at a step gets its cache rebuilt at the next step (a full
+        forward of that row; rebuild_rows), and reads it as the others do. Elastic-Cache also recomputes only the
+        layers from the drifting one on, and keeps distant masks cached; here a drifting row is rebuilt whole.
+    """
+    gen_length: int = field(default=None, metadata={"help": "tokens to generate; unset: the model folder's "
+                            "generation_defaults.json (sample.py: else 128; eval.py: else d1's 512 for Sudoku / "
+                            "Countdown, 256 for GSM8K / MATH500)"})
+    steps: int = field(default=None, metadata={"help": "sampling steps in all, split evenly over the blocks; unset: "
+                       "the model folder's, else gen-length (sample.py) or gen-length / 2 (eval.py, d1)"})
+    block_length: int = field(default=None, metadata={"help": "semi-autoregressive block length; unset: the model "
+                              "folder's, else min(32, gen-length) (sample.py) or 32 (eval.py, d1)"})
+    temperature: float = field(default=0.0, metadata={"help": "0 = greedy (d1's protocol); > 0 samples with "
+                               "float64 Gumbel noise (--sampler dream: from softmax(logits / temperature))"})
+    cfg_scale: float = field(default=0.0, metadata={"help": "unsupervised classifier-free guidance scale (0 = off)"})
+    remasking: str = field(default="low_confidence", metadata={"help": "remasking strategy (d1's protocol: "
+                           "low_confidence)", "choices": REMASKING})
+    cache: str = field(default=None, metadata={"help": "fast sampler: Fast-dLLM's key/value cache (none, without "
+                       "--threshold: the exact sampler, the paper's numbers)", "choices": ("none", "prefix", "dual")})
+    threshold: float = field(default=None, metadata={"help": "fast sampler: unmask every token more confident than "
+                             "this (parallel decoding; e.g. 0.9)"})
+    cache_refresh: int = field(default=None, metadata={"help": "fast sampler: rebuild the --cache every N steps "
+                               "inside a block (unset: at its first only)"})
+    cache_drift: float = field(default=None, metadata={"help": "fast sampler: also rebuild a row's --cache when its "
+                             "attention drifts (Elastic-Cache's test: cosine similarity below this, e.g. 0.9)"})
+    sampler: str = field(default="block", metadata={"help": "block: the block low-confidence sampler above, for "
+                         "either family (the paper's evaluation protocol, Appendix C); dream: Dream's own "
+                         "diffusion_generate (a Dream model only; its options --alg ... --top-k)", "choices": SAMPLERS})
+    alg: str = field(default="origin", metadata={"help": "--sampler dream: which masks to unmask (origin: each at "
+                     "random; the others: the most confident first)", "choices": DREAM_ALGS})
+    alg_temp: float = field(default=None, metadata={"help": "--sampler dream: > 0 draws the positions to unmask from "
+                            "softmax(confidence / alg_temp) (unset: the most confident)"})
+    eps: float = field(default=1e-3, metadata={"help": "--sampler dream: the last time of the reverse process"})
+    top_p: float = field(default=None, metadata={"help": "--sampler dream: nucleus filter of the logits (unset: off)"})
+    top_k: int = field(default=None, metadata={"help": "--sampler dream: keep the k largest logits (unset: off)"})
+
+    @property
+    def exact(self):
+        """True when these options ask for the exact sampler, generate() (no cache, no threshold)."""
+        return self.cache is None and self.threshold is None
+
+
+def uniforms(shape, generator, device, dtype=None):
+    """U(0, 1) draws of `shape` (B, ...), in `dtype` (None: torch's default, float32), from one explicit generator
+    (None: torch's global one, as the official sampler), or from a list of B generators, one per row: a row's noise
+    then does not depend on the batch it is sampled in (eval.py gives each item its own)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        where = device if generator is None else generator.device
+        return torch.rand(shape, dtype=dtype, device=where, generator=generator).to(device)
+    return torch.stack([torch.rand(shape[1:], dtype=dtype, device=g.device, generator=g) for g in generator]).to(device)
+
 
 # -----------------------------------------------------------------------------
 # Building blocks (pure functions, one per line of the official loop)
@@ -90,30 +177,60 @@ def transfer_index(confidence, k):
     return torch.zeros_like(confidence, dtype=torch.bool).scatter_(-1, top, keep)
 
 
+def shift_right(h):
+    """Dream's alignment of its outputs (B, L, ...): the one at i - 1 moved to position i, position 0 keeping its own
+    (the official `logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)`), so that position i holds what predicts
+    token i."""
+    return torch.cat([h[:, :1], h[:, :-1]], dim=1)
+
+
+def padded_positions(attention_mask):
+    """Dream's RoPE positions for a left-padded batch, as its official generation computes them (tok_idx): a real
+    token's index among its row's real tokens, cumsum(mask) - 1, and 1 on the pads; None when nothing is padded
+    (positions 0 .. L - 1). attention_mask (B, L) or None -> (B, L) long or None."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+
+
 def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache=None, span=None,
                   attn_rows=None):
-    """Logits (N, V) at the N eligible positions (row-major order), with classifier-free guidance if cfg_scale > 0.
+    """Logits (N, V) at the N eligible positions (row-major order), with classifier-free guidance if cfg_scale > 0:
+    at each position, the logits that predict its token.
 
     One forward pass over the whole sequence gives hidden states; the LM head then runs on the eligible rows only.
     Unsupervised CFG (LLaDA paper, Appendix B; official code): the batch is stacked with a copy whose prompt
     positions are masked, and logits = uncond + (cfg_scale + 1) * (cond - uncond), computed in the logits' dtype
     as the official code does. The head is taken from `.module` under DDP, and the hidden states from calling
     the wrapper, so that DDP / FSDP see a forward.
+    A model that predicts shifted (Dream: model.predicts_shifted) has its states moved one position right
+    (shift_right, as its official generation moves its logits), and a left-padded batch gets Dream's official
+    positions (padded_positions); LLaDA's are used as they are, with positions 0 .. L - 1, as its official sampler.
     kv_cache, span (cached samplers): an empty list is filled with the keys and values of this forward; with a
-    filled one and span = (s, e), only positions s .. e - 1 run (eligible must lie inside them). attn_rows: passed to
-    the model (LLaDA.forward), the query range relative to the span.
+    filled one and span = (s, e), only positions s .. e - 1 run (eligible must lie inside them). attn_rows:
+    (qs, qe, rows), the model's probe (LLaDA.forward) of the queries at positions qs .. qe - 1 of the sequence.
     """
-    head = getattr(model, "module", model).head
+    raw = getattr(model, "module", model)
+    shifted = getattr(raw, "predicts_shifted", False)
     s, e = span or (0, x.shape[1])
+    # Dream reads token s's prediction at position s - 1, so a span runs from one position earlier: that position's
+    # state is computed afresh, seeing the block's current tokens, where a state kept from the step that built the
+    # cache would be stale (and the block's first token would keep the prediction of a fully masked block)
+    lo = max(s - 1, 0) if shifted else s
     if cfg_scale > 0:  # the official test is `if cfg_scale > 0.`
         un_x = x.masked_fill(prompt_index, mask_id)  # prompt masked: the unconditional input
         x = torch.cat([x, un_x], dim=0)  # (2B, L)
         attention_mask = None if attention_mask is None else torch.cat([attention_mask, attention_mask], dim=0)
-    probe = {} if attn_rows is None else {"attn_rows": attn_rows}
+    kw = {} if attn_rows is None else {"attn_rows": (attn_rows[0] - lo, attn_rows[1] - lo, attn_rows[2])}
+    if shifted:
+        kw["position_ids"] = padded_positions(attention_mask)  # (B or 2B, L) or None
     if kv_cache is None:
-        h = model(x, attention_mask=attention_mask, return_hidden=True, **probe)  # (B or 2B, L, D)
+        h = model(x, attention_mask=attention_mask, return_hidden=True, **kw)  # (B or 2B, L, D)
     else:
-        h = model(x[:, s:e], attention_mask=attention_mask, return_hidden=True, kv_cache=kv_cache, start=s, **probe)
+        h = model(x[:, lo:e], attention_mask=attention_mask, return_hidden=True, kv_cache=kv_cache, start=lo, **kw)
+    if shifted:
+        h = shift_right(h)[:, s - lo:]  # (B or 2B, e - s, D): the state predicting each token of s .. e - 1
+    head = raw.head
     if cfg_scale <= 0:
         return head(h[eligible[:, s:e]])  # (N, V)
     B = len(eligible)
@@ -121,15 +238,20 @@ def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, m
     return un_logits + (cfg_scale + 1) * (logits - un_logits)
 
 
+def check_prompt(prompt, attention_mask, where):
+    """A prompt of token ids (B, P) and, if given, an attention mask of its shape."""
+    if prompt.dim() != 2:
+        raise ValueError(f"{where}: prompt must be (batch, prompt_len) token ids, got shape {tuple(prompt.shape)}; "
+                         f"use prompt[None] for a single prompt")
+    if attention_mask is not None and attention_mask.shape != prompt.shape:
+        raise ValueError(f"{where}: attention_mask {tuple(attention_mask.shape)} must have the prompt's shape "
+                         f"{tuple(prompt.shape)}")
+
+
 def check_generate_args(prompt, attention_mask, steps, gen_length, block_length, remasking, generator, cache=None,
                         threshold=None, where="generate"):
     """The sampler's argument checks (the official code asserts two of them), before any forward pass."""
-    if prompt.dim() != 2:
-        raise ValueError(f"sample.py {where}: prompt must be (batch, prompt_len) token ids, got shape "
-                         f"{tuple(prompt.shape)}; use prompt[None] for a single prompt")
-    if attention_mask is not None and attention_mask.shape != prompt.shape:
-        raise ValueError(f"sample.py {where}: attention_mask {tuple(attention_mask.shape)} must have the prompt's "
-                         f"shape {tuple(prompt.shape)}")
+    check_prompt(prompt, attention_mask, f"sample.py {where}")
     if gen_length <= 0 or block_length <= 0 or gen_length % block_length:
         raise ValueError(f"sample.py {where}: gen_length ({gen_length}) must be a positive multiple of block_length "
                          f"({block_length}); e.g. block_length={gen_length} for a single block")
@@ -264,83 +386,72 @@ def rebuild_rows(model, x, attention_mask, prompt_index, cfg_scale, mask_id, kv_
 
 
 @torch.no_grad()
-def generate_cached(model, prompt, attention_mask=None, steps=128, gen_length=128, block_length=128, temperature=0.,
-                    cfg_scale=0., remasking="low_confidence", mask_id=None, generator=None, cache="dual",
-                    threshold=None, refresh_cache_every_step=False, cache_refresh=None, cache_drift=None):
-    """generate() made faster after Fast-dLLM (Wu et al. 2025, arXiv 2505.22618), at the cost of exactness. The
-    arguments and random draws are generate()'s; cache=None with threshold=None is generate() itself.
-
-    cache: "prefix" = at each block's first step one full forward stores every position's keys and values; the
-        block's later steps run only the block and what follows it, the prompt and the finished blocks read from
-        the cache. "dual" = those steps run only the block; the later (still masked) blocks read from the cache too.
-        The cached keys and values are the block's first step's: an approximation, since attention is
-        bidirectional. Only the current block's masks are eligible (the exact sampler also retries masks that an
-        earlier block left, which happens only when the model predicts the mask token itself). None = no cache.
-    threshold: confidence-aware parallel decoding: each step unmasks every eligible position whose confidence
-        exceeds it (at least the most confident one per row), and a block ends as soon as it has no mask left
-        (at most block_length steps); `steps` is then only checked. None = generate()'s schedule.
+def generate_cached(model, prompt, attention_mask=None, options=None, generator=None, mask_id=None,
+                    refresh_cache_every_step=False):
+    """generate() made faster after Fast-dLLM (Wu et al. 2025, arXiv 2505.22618), at the cost of exactness: a
+    key/value cache (options.cache), confidence-threshold parallel decoding (options.threshold), and a cache rebuilt
+    on a schedule (options.cache_refresh) or when attention drifts (options.cache_drift); SamplerOptions says what
+    each does. options: a SamplerOptions with gen_length, steps and block_length set. The other arguments and the
+    random draws are generate()'s; options with cache=None and threshold=None give generate()'s tokens.
     refresh_cache_every_step: rebuild the cache at every step (a check: the cache is then exact, and the tokens
         are the exact sampler's; no speed-up).
-    cache_refresh: N = a step that is a multiple of N within the block (0, N, 2N, ...) runs the full forward and
-        rebuilds the cache, as the block's first step does; the others read it. None = only the block's first step
-        (Fast-dLLM). With one block spanning the whole answer, the prompt's keys and values are otherwise never
-        recomputed after the answer tokens decoded since; N = 1 runs every step in full (the exact tokens).
-    cache_drift: gamma in (0, 1]: an adaptive refresh, Elastic-Cache's drift test (attention_drift), row by row:
-        a row whose tracked token's attention drifted at a step gets its cache rebuilt at the next step (a full
-        forward of that row; rebuild_rows), and reads it as the others do. Elastic-Cache also recomputes only the
-        layers from the drifting one on, and keeps distant masks cached; here a drifting row is rebuilt whole.
     """
+    o = options or SamplerOptions()
+    if None in (o.gen_length, o.steps, o.block_length):
+        raise ValueError(f"sample.py generate_cached: options.gen_length ({o.gen_length}), steps ({o.steps}) and "
+                         f"block_length ({o.block_length}) must be set; e.g. SamplerOptions(gen_length=128, steps=128, "
+                         "block_length=32, cache='dual')")
     mask_id = getattr(model, "module", model).config.mask_token_id if mask_id is None else mask_id
-    check_generate_args(prompt, attention_mask, steps, gen_length, block_length, remasking, generator, cache,
-                        threshold, where="generate_cached")
-    if cache_refresh is not None and (cache is None or not isinstance(cache_refresh, int) or cache_refresh < 1):
-        raise ValueError(f"sample.py generate_cached: cache_refresh={cache_refresh!r}; a whole number of steps >= 1, "
+    check_generate_args(prompt, attention_mask, o.steps, o.gen_length, o.block_length, o.remasking, generator, o.cache,
+                        o.threshold, where="generate_cached")
+    if o.cache_refresh is not None and (o.cache is None or not isinstance(o.cache_refresh, int) or o.cache_refresh < 1):
+        raise ValueError(f"sample.py generate_cached: cache_refresh={o.cache_refresh!r}; a whole number of steps >= 1, "
                          "with a cache")
-    if cache_drift is not None and (cache is None or not 0 < cache_drift <= 1):
-        raise ValueError(f"sample.py generate_cached: cache_drift={cache_drift!r}; a cosine similarity in (0, 1], "
+    if o.cache_drift is not None and (o.cache is None or not 0 < o.cache_drift <= 1):
+        raise ValueError(f"sample.py generate_cached: cache_drift={o.cache_drift!r}; a cosine similarity in (0, 1], "
                          "with a cache")
-    x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
+    x, attention_mask = append_masks(prompt, attention_mask, o.gen_length, mask_id)  # (B, L), (B, L) or None
     prompt_index = x != mask_id
     B, L = x.shape
     positions = torch.arange(L, device=x.device)
 
-    num_blocks = gen_length // block_length
-    steps = steps // num_blocks
+    num_blocks = o.gen_length // o.block_length
+    steps = o.steps // num_blocks  # per block
     for num_block in range(num_blocks):
-        block_start = prompt.shape[1] + num_block * block_length
-        block_end = block_start + block_length
+        block_start = prompt.shape[1] + num_block * o.block_length
+        block_end = block_start + o.block_length
         num_transfer_tokens = get_num_transfer_tokens(x[:, block_start:block_end] == mask_id, steps)  # (B, steps)
         # without a cache, generate()'s eligible positions; a cached step sees the current block only
-        in_block = positions < block_end if cache is None else (positions >= block_start) & (positions < block_end)
+        in_block = positions < block_end if o.cache is None else (positions >= block_start) & (positions < block_end)
         kv_cache, drifted, tracked, reference = None, None, None, None
-        for i in range(steps if threshold is None else block_length):
+        for i in range(steps if o.threshold is None else o.block_length):
             eligible = (x == mask_id) & in_block  # (B, L), N True in all
-            if threshold is not None and not eligible.any():
+            if o.threshold is not None and not eligible.any():
                 break  # parallel decoding: the block is done early
-            full = i == 0 or (cache_refresh is not None and i % cache_refresh == 0)  # this step rebuilds the cache
-            if cache is not None and (full or refresh_cache_every_step):
+            full = i == 0 or (o.cache_refresh is not None and i % o.cache_refresh == 0)  # this step rebuilds the cache
+            if o.cache is not None and (full or refresh_cache_every_step):
                 kv_cache = []  # a full forward stores every position's keys and values
                 if refresh_cache_every_step:  # fill it now; this step then reads it as a later step does
-                    guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache)
+                    guided_logits(model, x, attention_mask, eligible, prompt_index, o.cfg_scale, mask_id, kv_cache)
             elif drifted is not None and drifted.any():  # the drift test fired for these rows at the last step
-                rebuild_rows(model, x, attention_mask, prompt_index, cfg_scale, mask_id, kv_cache, drifted)
-            reads_cache = cache is not None and (not full or refresh_cache_every_step)
-            span = (block_start, block_end if cache == "dual" else L) if reads_cache else None
-            s = span[0] if span else 0  # the block's queries are block_start - s .. block_end - s of this forward
-            rows = None if cache_drift is None else (block_start - s, block_end - s, [])
-            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache,
+                rebuild_rows(model, x, attention_mask, prompt_index, o.cfg_scale, mask_id, kv_cache, drifted)
+            reads_cache = o.cache is not None and (not full or refresh_cache_every_step)
+            span = (block_start, block_end if o.cache == "dual" else L) if reads_cache else None
+            # the drift test watches the block's own queries (for Dream too, whose span starts one position earlier)
+            rows = None if o.cache_drift is None else (block_start, block_end, [])
+            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, o.cfg_scale, mask_id, kv_cache,
                                    span, rows)  # (N, V)
             if rows is not None:
                 attn = torch.stack(rows[2])[:, :B]  # the conditional rows' attention, (n_layers, B, Lb, L)
                 built = torch.full((B,), full, device=x.device) if drifted is None or full else drifted
-                drifted, tracked, reference = attention_drift(attn, built, tracked, reference, cache_drift,
+                drifted, tracked, reference = attention_drift(attn, built, tracked, reference, o.cache_drift,
                                                               block_start)
 
             # candidates and their confidence, drawn as in generate()
             V = logits.shape[-1]
-            u = uniforms((B, L, V), generator, x.device, torch.float64)[eligible] if temperature else None
-            x0 = torch.argmax(add_gumbel_noise(logits, temperature, u), dim=-1)  # (N,)
-            if remasking == "low_confidence":
+            u = uniforms((B, L, V), generator, x.device, torch.float64)[eligible] if o.temperature else None
+            x0 = torch.argmax(add_gumbel_noise(logits, o.temperature, u), dim=-1)  # (N,)
+            if o.remasking == "low_confidence":
                 x0_p = low_confidence(logits, x0)  # (N,)
             else:
                 x0_p = uniforms((B, L), generator, x.device)[eligible]  # (N,)
@@ -350,12 +461,253 @@ def generate_cached(model, prompt, attention_mask=None, steps=128, gen_length=12
 
             # generate()'s k most confident positions, or (threshold) every position above it and at least the
             # most confident one
-            if threshold is None:
+            if o.threshold is None:
                 transfer = transfer_index(confidence, num_transfer_tokens[:, i])
             else:
-                transfer = transfer_index(confidence, eligible.any(1).long()) | (eligible & (confidence > threshold))
+                transfer = transfer_index(confidence, eligible.any(1).long()) | (eligible & (confidence > o.threshold))
             x = torch.where(transfer, x0, x)
     return x
+
+
+def generate_with_options(model, prompt, attention_mask=None, options=None, generator=None):
+    """Sample with `options` (lengths set): generate(), the exact sampler, when they ask for no cache and no threshold;
+    generate_cached() otherwise; Dream's diffusion_generate() with sampler "dream" (its generator: one
+    torch.Generator, as its draws span the batch). (B, P + gen_length)."""
+    o = options or SamplerOptions()
+    if o.sampler == "dream":
+        return diffusion_generate(model, prompt, attention_mask, max_new_tokens=o.gen_length, steps=o.steps,
+                                  eps=o.eps, alg=o.alg, alg_temp=o.alg_temp, temperature=o.temperature,
+                                  top_p=o.top_p, top_k=o.top_k, generator=generator)
+    if not o.exact:
+        return generate_cached(model, prompt, attention_mask, o, generator)
+    return generate(model, prompt, attention_mask=attention_mask, steps=o.steps, gen_length=o.gen_length,
+                    block_length=o.block_length, temperature=o.temperature, cfg_scale=o.cfg_scale,
+                    remasking=o.remasking, generator=generator)
+
+
+# -----------------------------------------------------------------------------
+# Dream's sampler (Dream-v0, github.com/HKUNLP/Dream, generation_utils.py): the official diffusion_generate
+
+
+def top_p_logits(logits, top_p):
+    """Nucleus filter: keep the most probable tokens up to and including the first whose cumulative probability
+    passes top_p (the top one always kept); the others get the dtype's smallest finite value. (N, V) -> (N, V)."""
+    sorted_logits, sorted_idx = torch.sort(logits, descending=True)
+    drop = torch.cumsum(F.softmax(sorted_logits, dim=-1), dim=-1) > top_p  # (N, V), in sorted order
+    drop = torch.cat([torch.zeros_like(drop[:, :1]), drop[:, :-1]], dim=-1)  # shifted right: keep the crossing one
+    drop = torch.zeros_like(drop).scatter_(-1, sorted_idx, drop)  # back to vocabulary order
+    return logits.masked_fill(drop, torch.finfo(logits.dtype).min)
+
+
+def top_k_logits(logits, top_k):
+    """Keep the logits not below the k-th largest (ties at it kept); the others get the dtype's smallest value."""
+    kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]  # (N, 1)
+    return logits.masked_fill(logits < kth, torch.finfo(logits.dtype).min)
+
+
+def sample_tokens(logits, temperature=0.0, top_p=None, top_k=None, generator=None):
+    """The official sample_tokens' draw: logits (N, V) -> probs (N, V) after temperature, top_p and top_k, and x0 (N,).
+
+    The filters apply even at temperature 0 (they then change no argmax, but change probs, hence the topk_margin and
+    entropy confidences). temperature > 0 draws x0 as the official Categorical(probs).sample() does: one
+    torch.multinomial over probs renormalised to sum to 1, so the same generator state gives the same tokens. The
+    mask id is a token like any other here: a drawn mask leaves its position masked. In the logits' dtype, as
+    official (bf16 for the real model). Where Categorical rejects probs (NaN; rarely, in bf16, a sum off 1 by more
+    than 1e-6) the official code silently takes the argmax instead; ours samples (multinomial raises on NaN).
+    """
+    if temperature > 0:
+        logits = logits / temperature
+    if top_p is not None and top_p < 1:
+        logits = top_p_logits(logits, top_p)
+    if top_k is not None:
+        logits = top_k_logits(logits, top_k)
+    probs = F.softmax(logits, dim=-1)  # (N, V)
+    if temperature > 0:
+        renormed = probs / probs.sum(-1, keepdim=True)  # what Categorical stores and samples from
+        return probs, torch.multinomial(renormed, 1, replacement=True, generator=generator).squeeze(-1)
+    return probs, probs.max(dim=-1).indices
+
+
+def dream_confidence(probs, x0, alg):
+    """How sure the model is of each candidate x0, the score the unmasking order ranks: maskgit_plus its
+    probability, topk_margin top1 - top2 probability, entropy the negative entropy sum p log(p + 1e-10).
+    probs (N, V), x0 (N,) -> (N,)."""
+    if alg == "topk_margin":
+        top2 = torch.topk(probs, 2, dim=-1).values  # (N, 2)
+        return top2[:, 0] - top2[:, 1]
+    if alg == "entropy":
+        return torch.sum(probs * torch.log(probs + 1e-10), dim=-1)
+    return torch.gather(probs, -1, x0[:, None]).squeeze(-1)
+
+
+def dream_num_transfer(mask_index, t, s, last):
+    """How many tokens every row unmasks at the step from time t to s < t: the expected share s/t of the masks stays
+    masked. Official rule, kept for its exact numbers: the batch-AVERAGE mask count m (float32), the same k for every
+    row, int(m (1 - s/t)) truncated, and int(m) at the last step. With steps = masks the first step unmasks none
+    (8 (1 - 0.875125) = 0.999 -> 0) and the last two. mask_index (B, L) bool; t, s float32 scalars -> int."""
+    m = mask_index.sum() / mask_index.shape[0]  # float32 tensor
+    return int(m) if last else int(m * (1 - s / t))
+
+
+def check_dream_args(model, prompt, attention_mask, max_new_tokens, steps, eps, alg, alg_temp, temperature, top_p,
+                     top_k, generator):
+    """diffusion_generate's argument checks, before any forward pass."""
+    where = "sample.py diffusion_generate"
+    if not model.predicts_shifted:
+        raise ValueError(f"{where}: the model is not Dream (config model_type {model.config.model_type!r}), whose "
+                         f"logits at i - 1 predict token i; LLaDA's sampler is generate()")
+    check_prompt(prompt, attention_mask, where)
+    if max_new_tokens <= 0 or steps <= 0:
+        raise ValueError(f"{where}: max_new_tokens ({max_new_tokens}) and steps ({steps}) must be positive")
+    if not 0 < eps < 1:
+        raise ValueError(f"{where}: eps={eps}; expected the final time in (0, 1), Dream's default 1e-3")
+    if alg not in DREAM_ALGS:
+        raise ValueError(f"{where}: alg={alg!r}; expected one of {DREAM_ALGS}")
+    if temperature < 0 or (alg_temp is not None and alg_temp < 0):
+        raise ValueError(f"{where}: temperature ({temperature}) and alg_temp ({alg_temp}) must be >= 0")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"{where}: top_p={top_p}; expected a probability in (0, 1] (None or 1: off)")
+    if top_k is not None and top_k <= 0:
+        raise ValueError(f"{where}: top_k={top_k}; expected a positive count (None: off)")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"{where}: generator must be one torch.Generator or None, got {type(generator).__name__}: "
+                         f"the official draws span the whole batch (one uniform per mask), not one row each")
+
+
+@torch.no_grad()
+def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, steps=512, eps=1e-3, alg="origin",
+                       alg_temp=None, temperature=0.0, top_p=None, top_k=None, generator=None):
+    """Dream's official diffusion_generate (generation_utils.py `_sample`): the same arguments, draws and tokens.
+    Returns x (B, P + max_new_tokens), prompt included.
+
+    The answer starts as max_new_tokens masks; step i goes from time t = linspace(1, eps, steps + 1)[i] to the next
+    time s, predicting every masked token (Dream predicts token j from position j - 1: the model's logits are shifted
+    right by one, position 0 keeping its own). alg "origin" unmasks each mask independently with probability
+    1 - s/t (all that remain at the last step); the others (MaskGIT-style) unmask the same number k of masks in every
+    row (dream_num_transfer), the k most confident (maskgit_plus: probability, topk_margin: top1 - top2 margin,
+    entropy: negative entropy), or, with alg_temp > 0, k drawn from softmax(confidence / alg_temp).
+
+    model: Dream (model.predicts_shifted), called as model(x, attention_mask, position_ids=..., return_hidden=True);
+        its LM head runs only at the masked positions (the same numbers on the CPU; a GPU library may round another
+        row count differently). Put it in eval mode first.
+    prompt: (B, P) ids; left-pad a batch and give attention_mask (B, P), 0 on the pads. As officially, a mask with
+        any 0 makes pads invisible (queries and keys) and positions cumsum(mask) - 1 (pads 1); otherwise (None or
+        all ones) attention is full and positions are 0 .. L - 1.
+    temperature: 0 = greedy; top_p (< 1) and top_k filter the logits first, at every temperature.
+    generator: a torch.Generator on the prompt's device for every draw (None: torch's global RNG, as officially).
+        The draws have the official kinds, shapes and order (origin: torch.rand over the batch's masks, then the
+        multinomial of the tokens; the others: the multinomial of the tokens, then that of the positions), so
+        torch.Generator().manual_seed(S) gives the official tokens of a run made after torch.manual_seed(S).
+
+    The official trap: called without a generation_config, the official method ignores generation_config.json and
+    inherits Hugging Face's legacy defaults from the model config, temperature 1.0 and top_k 50 (so "greedy" calls
+    sample). Ours takes exactly what it is given, and its defaults are greedy: those of the real checkpoints'
+    generation_config.json (alg origin, steps 512, eps 1e-3, temperature 0, no top_p / top_k).
+    """
+    raw = getattr(model, "module", model)  # under DDP / FSDP the config and head are the wrapped module's
+    check_dream_args(raw, prompt, attention_mask, max_new_tokens, steps, eps, alg, alg_temp, temperature, top_p, top_k,
+                     generator)
+    mask_id, head = raw.config.mask_token_id, raw.head
+    x = F.pad(prompt, (0, max_new_tokens), value=mask_id)  # (B, L), L = P + max_new_tokens
+    B, L = x.shape
+    if attention_mask is not None:
+        attention_mask = F.pad(attention_mask, (0, max_new_tokens), value=1)  # (B, L): the answer is attended to
+    position_ids = padded_positions(attention_mask)  # (B, L), or None without a pad
+    attention_mask = None if position_ids is None else attention_mask  # no pad: the official "full" attention
+    timesteps = torch.linspace(1, eps, steps + 1, device=x.device)  # float32, as officially
+
+    for i in range(steps):
+        t, s, last = timesteps[i], timesteps[i + 1], i == steps - 1
+        mask_index = x == mask_id  # (B, L)
+        h = model(x, attention_mask=attention_mask, position_ids=position_ids, return_hidden=True)  # (B, L, D)
+        h = shift_right(h)[mask_index]  # (N, D): the state predicting each mask, row-major
+
+        if alg == "origin":
+            # every mask independently with probability 1 - s/t: one uniform per mask of the batch
+            transfer = uniforms(h.shape[:1], generator, x.device) < (1 if last else 1 - s / t)  # (N,) bool
+            x0 = torch.full_like(x[mask_index], mask_id)  # (N,): the others stay masked
+            x0[transfer] = sample_tokens(head(h[transfer]), temperature, top_p, top_k, generator)[1]
+            x[mask_index] = x0
+            continue
+
+        probs, x0 = sample_tokens(head(h), temperature, top_p, top_k, generator)  # (N, V), (N,)
+        confidence = torch.full((B, L), float("-inf"), dtype=probs.dtype, device=x.device)
+        confidence[mask_index] = dream_confidence(probs, x0, alg)  # (B, L), -inf off the masks
+        k = dream_num_transfer(mask_index, t, s, last)
+        if k == 0:
+            continue
+        if not alg_temp:  # None or 0: the k most confident
+            idx = torch.topk(confidence, k).indices  # (B, k)
+        else:
+            idx = torch.multinomial(F.softmax(confidence / alg_temp, dim=-1), k, generator=generator)  # (B, k)
+        # a row with fewer than k masks also takes k positions, official behaviour kept: its extra ones are -inf
+        # positions off the masks, and they are set to the mask id (only when rows have unequal mask counts)
+        candidates = torch.full_like(x, mask_id).masked_scatter(mask_index, x0)  # (B, L)
+        x.scatter_(1, idx, candidates.gather(1, idx))
+    return x
+
+
+# -----------------------------------------------------------------------------
+# The sampler's flags, shared by both command lines (sample.py's and eval.py's): one flag per SamplerOptions field
+
+
+def add_sampler_flags(parser):
+    """--gen-length ... --cache-drift on `parser`, one per SamplerOptions field, each None when not given."""
+    from model import add_dataclass_flags  # the command lines' machinery; the samplers above need torch only
+    add_dataclass_flags(parser, SamplerOptions)
+
+
+def options_from_flags(args, defaults=None):
+    """The SamplerOptions the parsed flags give; a field no flag gives comes from `defaults` (the model folder's
+    generation_defaults.json: its keys that name a field), else keeps its default; --cache none is None."""
+    names, defaults = [f.name for f in fields(SamplerOptions)], defaults or {}
+    given = {n: defaults[n] for n in names if defaults.get(n) is not None}
+    given |= {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    if given.get("cache") == "none":
+        given["cache"] = None
+    return SamplerOptions(**given)
+
+
+def check_sampler_options(o):
+    """The sampler flags' values, checked by both command lines before any slow work: a ValueError naming the flag, in
+    one line. Lengths left unset (None) are each command line's to fill in, and checked by the sampler."""
+    for name in ("gen_length", "steps", "block_length", "top_k"):
+        value = getattr(o, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} {value}: must be at least 1")
+    if o.threshold is not None and not 0 <= o.threshold < 1:
+        raise ValueError(f"--threshold {o.threshold}: a confidence in [0, 1)")
+    for name in ("temperature", "cfg_scale", "alg_temp"):
+        value = getattr(o, name)
+        if value is not None and not value >= 0:
+            raise ValueError(f"--{name.replace('_', '-')} {value}: must be 0 (" +
+                             ("greedy" if name == "temperature" else "off") + ") or more")
+    if o.cache_refresh is not None and (o.cache is None or o.cache_refresh < 1):
+        raise ValueError(f"--cache-refresh {o.cache_refresh}: a number of steps >= 1, with --cache prefix or dual")
+    if o.cache_drift is not None and (o.cache is None or not 0 < o.cache_drift <= 1):
+        raise ValueError(f"--cache-drift {o.cache_drift}: a cosine similarity in (0, 1], with --cache prefix or dual")
+    if not 0 < o.eps < 1:
+        raise ValueError(f"--eps {o.eps}: the reverse process's last time, in (0, 1) (Dream's default 1e-3)")
+    if o.top_p is not None and not 0 < o.top_p <= 1:
+        raise ValueError(f"--top-p {o.top_p}: a probability in (0, 1]")
+
+
+def check_sampler_choice(args, o, folder):
+    """--sampler against the other flags and the model, once the folder's settings are in `o`: a flag of the sampler
+    not chosen is refused, and Dream's sampler on a model that is not Dream. A ValueError in one line."""
+    from model import LLaDAConfig  # the command lines' own; reads config.json only, not the weights
+    unread = [n for n in (BLOCK_ONLY if o.sampler == "dream" else DREAM_ONLY) if getattr(args, n) is not None]
+    if unread:
+        flags = " ".join("--" + n.replace("_", "-") for n in unread)
+        raise ValueError(f"{flags}: not read by the {o.sampler} sampler" + ("" if o.sampler == "dream" else
+                                                                            "; Dream's sampler is --sampler dream"))
+    if o.sampler != "dream":
+        return
+    config = LLaDAConfig.from_json(Path(folder) / "config.json")
+    if not config.predicts_shifted:
+        where = "" if args.sampler else f" (the sampler {Path(folder) / 'generation_defaults.json'} names)"
+        raise ValueError(f"--sampler dream{where}: Dream's own sampler needs a Dream model, and {folder} is "
+                         f"{config.model_type or 'llada'}; use --sampler block")
 
 
 # -----------------------------------------------------------------------------
@@ -363,98 +715,98 @@ def generate_cached(model, prompt, attention_mask=None, steps=128, gen_length=12
 
 
 def decode_until_stop(tokenizer, ids):
-    """Text of the generated ids up to the first <|eot_id|> or <|endoftext|> (answers end in eot, then EOS pads)."""
-    stops = {tokenizer.token_to_id(t) for t in ("<|eot_id|>", "<|endoftext|>")} - {None}
+    """Text of the generated ids up to the first turn end (<|eot_id|>, ChatML's <|im_end|>) or <|endoftext|> (answers
+    end in a turn end, then EOS pads)."""
+    stops = {tokenizer.token_to_id(t) for t in ("<|eot_id|>", "<|im_end|>", "<|endoftext|>")} - {None}
     end = next((i for i, t in enumerate(ids) if t in stops), len(ids))
     return tokenizer.decode(ids[:end], skip_special_tokens=False)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description="Generate with LLaDA's block diffusion sampler.")
+def make_parser():
+    """sample.py's flags: the model, the prompt, the sampler's (add_sampler_flags), the device."""
+    p = argparse.ArgumentParser(description="Generate from a LLaDA or Dream model (its chat format from its tokenizer) "
+                                "with the block diffusion sampler, or Dream's own (--sampler dream).")
     p.add_argument("--model", required=True, help="model folder (config.json, safetensors, tokenizer.json), or what "
                    "gift.py printed: a checkpoint or run folder")
     p.add_argument("--adapter", default=None,
                    help="LoRA adapter folder (adapter_config.json, adapter_model.safetensors)")
     p.add_argument("--prompt", default=None, help="the user message; without it, chat interactively on stdin")
     p.add_argument("--raw", action="store_true", help="complete the prompt text as is, without the chat template")
-    p.add_argument("--gen-length", type=int, default=None,
-                   help="tokens to generate (default: the model folder's generation_defaults.json, else 128)")
-    p.add_argument("--steps", type=int, default=None, help="sampling steps in all (default: the model's, else "
-                   "gen-length)")
-    p.add_argument("--block-length", type=int, default=None, help="block length (default: the model's, else "
-                   "min(32, gen-length))")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--cfg-scale", type=float, default=0.0, help="classifier-free guidance scale (0 = off)")
-    p.add_argument("--remasking", choices=REMASKING, default="low_confidence", help="remasking strategy")
-    p.add_argument("--cache", choices=("none", "prefix", "dual"), default="none",
-                   help="fast sampler: Fast-dLLM's key/value cache (none, without --threshold: the exact sampler)")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="fast sampler: unmask every token more confident than this (parallel decoding; e.g. 0.9)")
-    p.add_argument("--cache-refresh", type=int, default=None,
-                   help="fast sampler: rebuild the --cache every N steps inside a block (default: at its first only)")
-    p.add_argument("--cache-drift", type=float, default=None,
-                   help="fast sampler: also rebuild a row's --cache when its attention drifts (Elastic-Cache's test: "
-                   "cosine similarity below this, e.g. 0.9)")
+    add_sampler_flags(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
                    help="weights dtype (default: bfloat16 on cuda, float32 on cpu)")
+    return p
+
+
+def parse_args(argv=None):
+    """sample.py's flags, checked before the model loads (a one-line error naming the flag), and the SamplerOptions
+    they give, the fields not given taken from the model folder's generation_defaults.json (options_from_flags) and
+    the lengths still unset from model_lengths. Returns (args, options); args gains .folder, the model folder, and
+    .adapter, the flag's or the checkpoint's."""
+    p = make_parser()
     args = p.parse_args(argv)
-    for flag in ("gen_length", "steps", "block_length"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be at least 1")
-    if args.threshold is not None and not 0 <= args.threshold < 1:
-        p.error(f"--threshold {args.threshold}: a confidence in [0, 1)")
-    if not args.temperature >= 0 or not args.cfg_scale >= 0:
-        p.error(f"--temperature {args.temperature} / --cfg-scale {args.cfg_scale}: must be 0 (off) or more")
-    if args.cache_refresh is not None and (args.cache == "none" or args.cache_refresh < 1):
-        p.error(f"--cache-refresh {args.cache_refresh}: a number of steps >= 1, with --cache prefix or dual")
-    if args.cache_drift is not None and (args.cache == "none" or not 0 < args.cache_drift <= 1):
-        p.error(f"--cache-drift {args.cache_drift}: a cosine similarity in (0, 1], with --cache prefix or dual")
+    try:
+        check_sampler_options(options_from_flags(args))
+    except ValueError as e:
+        p.error(str(e))
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: this machine has no CUDA device; use --device cpu")
 
-    # only the command line needs the model and tokenizer code; the samplers above need torch (and gift.uniforms)
-    from data import chat_prompt, check_mask_token, encode_text, load_tokenizer
-    from model import LLaDA, find_model, generation_defaults, load_adapter
-
+    from model import find_model, generation_defaults  # the command line's own
     try:
-        folder, adapter = find_model(args.model)
-        defaults = generation_defaults(folder)  # what the model was trained to answer with (the embedded task's)
+        args.folder, adapter = find_model(args.model)
+        defaults = generation_defaults(args.folder)  # what the model was trained to answer with (the embedded task's)
+        options = options_from_flags(args, defaults)
+        check_sampler_choice(args, options, args.folder)
     except (FileNotFoundError, ValueError) as e:
         p.error(str(e))
-    adapter = args.adapter or adapter
-    gen_length = args.gen_length or defaults.get("gen_length", 128)
-    block_length = args.block_length or defaults.get("block_length") or min(32, gen_length)
-    steps = args.steps or defaults.get("steps") or gen_length
+    args.adapter = args.adapter or adapter
+    return args, model_lengths(options)
+
+
+def model_lengths(options):
+    """sample.py's lengths where neither a flag nor the model folder gave them: gen_length 128, block_length
+    min(32, gen_length) and steps = gen_length (one token per step)."""
+    gen_length = options.gen_length or 128
+    block_length = options.block_length or min(32, gen_length)
+    return replace(options, gen_length=gen_length, steps=options.steps or gen_length, block_length=block_length)
+
+
+def load_model(args):
+    """The model in eval mode (LoRA dropout off), its adapter loaded, on --device in --dtype; and its tokenizer."""
+    from data import check_mask_token, load_tokenizer
+    from model import LLaDA, load_adapter
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
-    model = LLaDA.from_pretrained(folder, dtype=dtype, device=args.device)
-    if adapter:
-        load_adapter(model, adapter)  # adds LoRA layers (on the model's device) with the adapter's r / alpha
-    model.eval()  # LoRA dropout off
-    tokenizer = load_tokenizer(folder)
+    model = LLaDA.from_pretrained(args.folder, dtype=dtype, device=args.device)
+    if args.adapter:
+        load_adapter(model, args.adapter)  # adds LoRA layers (on the model's device) with the adapter's r / alpha
+    model.eval()
+    tokenizer = load_tokenizer(args.folder)
     check_mask_token(tokenizer, model.config)
+    return model, tokenizer
+
+
+def main(argv=None):
+    args, options = parse_args(argv)
+    from data import chat_format, chat_prompt, encode_text
+    model, tokenizer = load_model(args)
+    fmt = chat_format(tokenizer)  # LLaDA's template, or ChatML for Dream's tokenizer
     generator = torch.Generator(args.device).manual_seed(args.seed)
 
     def reply(text):
         ids = encode_text(tokenizer, text)  # the chat text carries its own special tokens; nothing is added
-        if len(ids) + gen_length > model.config.max_sequence_length:
-            raise ValueError(f"the prompt of {len(ids)} tokens + --gen-length {gen_length} exceed the model's "
+        if len(ids) + options.gen_length > model.config.max_sequence_length:
+            raise ValueError(f"the prompt of {len(ids)} tokens + --gen-length {options.gen_length} exceed the model's "
                              f"max_sequence_length {model.config.max_sequence_length}")
-        prompt = torch.tensor([ids], dtype=torch.long, device=args.device)
-        kw = dict(steps=steps, gen_length=gen_length, block_length=block_length,
-                  temperature=args.temperature, cfg_scale=args.cfg_scale, remasking=args.remasking, generator=generator)
-        if args.cache == "none" and args.threshold is None:
-            out = generate(model, prompt, **kw)
-        else:
-            out = generate_cached(model, prompt, **kw, cache=None if args.cache == "none" else args.cache,
-                                  threshold=args.threshold, cache_refresh=args.cache_refresh,
-                                  cache_drift=args.cache_drift)
+        prompt = torch.tensor([ids], dtype=torch.long, device=args.device)  # (1, P)
+        out = generate_with_options(model, prompt, None, options, generator)  # (1, P + gen_length)
         return decode_until_stop(tokenizer, out[0, len(ids):].tolist())
 
     if args.prompt is not None:
         try:
-            print(reply(args.prompt if args.raw else chat_prompt([{"role": "user", "content": args.prompt}])))
+            print(reply(args.prompt if args.raw else chat_prompt([{"role": "user", "content": args.prompt}], fmt)))
         except ValueError as e:
             raise SystemExit(f"sample.py: {e}") from None
         return
@@ -468,7 +820,7 @@ def main(argv=None):
             if args.raw:
                 print(reply(text))
                 continue
-            answer = reply(chat_prompt(messages + [{"role": "user", "content": text}]))
+            answer = reply(chat_prompt(messages + [{"role": "user", "content": text}], fmt))
         except ValueError as e:  # e.g. a character the model cannot read: say so, and ask again
             print(f"sample.py: {e}")
             continue
@@ -478,8 +830,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, OSError) as e:  # a user's mistake (a file, a folder, a data row, a prompt): one line
-        print(f"sample.py: error: {e}", file=sys.stderr)
-        sys.exit(1)
+    from model import run_command_line
+    run_command_line(main, "sample.py")  # a user's mistake: one line, exit status 1

@@ -1,7 +1,7 @@
-"""Per-GPU memory plan of the paper's two recipes at LLaDA-8B shapes, for THIS code, term by term.
+"""Per-GPU memory plan of the paper's recipes at LLaDA-8B and Dream-v0-7B shapes, for THIS code, term by term.
 
-    python bench/memory_plan.py             # both recipes: a table each and a verdict against an 80 GB H100
-    python bench/memory_plan.py --check     # the same formulas against peaks measured at small shapes (CPU, ~1 min)
+    python bench/memory_plan.py             # the recipes: a table each and a verdict against an 80 GB H100
+    python bench/memory_plan.py --check     # the same formulas against peaks measured at small shapes (CPU, ~2 min)
     python bench/memory_plan.py --smoke     # tiny shapes, seconds (tests/test_memory_plan.py runs this)
 
 The recipes (README.md, "The paper's recipes on 8 x H100"; paper Appendix C):
@@ -11,6 +11,9 @@ The recipes (README.md, "The paper's recipes on 8 x H100"; paper Appendix C):
   full  Full fine-tuning on Tulu 3 under FSDP2 over 8 GPUs: float32 master weights, gradients and AdamW states
         sharded 8 ways; bf16 compute (MixedPrecisionPolicy param_dtype bf16, reduce_dtype float32); batch
         4 x 4096 tokens per GPU; activation checkpointing on.
+  dream_full  Dream's recipe (Table 7, "full parameter"; the paper ran it with the dllm framework): Dream-v0-7B-Base
+        fully fine-tuned on Tulu3-10k as THIS code runs it, the full recipe's set-up (FSDP2 over 8 GPUs, bf16,
+        batch 4 x 4096 per GPU, accumulation 1), with activation checkpointing and without.
 
 Symbols. B rows per micro-batch, L sequence length, T = B L tokens, D d_model, F mlp_hidden_size, H heads,
 V embedding rows (vocabulary), NL layers, r LoRA rank, c = gift.CE_CHUNK = 256 logits rows per chunk,
@@ -18,6 +21,13 @@ a = bytes of an activation (2 for bf16, 4 for float32), W = GPUs that FSDP2 shar
 P_b = 4 D^2 + 3 D F + 2 D per block, P = NL P_b + 2 V D + D in all (wte and the head are untied),
 P_root = 2 V D + D (wte, ln_f, the head: FSDP2's root group), P_l = NL x 3 x 2 r D (LoRA on q, k, v).
 N_a, N_m: answer and masked answer positions of a micro-batch (the 8B plans take the bound T for both).
+Dream-v0 (Qwen2.5) differs in three places, each a config field: grouped-query attention, k_proj and v_proj of
+width K = Hkv hd (Dream-7B: 4 x 128 = 512; K = D for LLaDA-8B); biases on q, k and v; the head tied to wte or not
+(weight_tying; Dream-7B's is untied). So P_b = 2 D^2 + 2 D K + 3 D F + (D + 2 K) + 2 D, the head counts 0 when tied
+(P_root = V D + D), the saved k and v are a T K each (below), and the vocabulary V is 152064. The formulas below are
+written with K = D (LLaDA); the printed ones say T K where it differs. A tied head's gradient is the embedding's too:
+the embedding's (V, D) gradient is added into it at the end of backward, before the root's reduce-scatter, smaller
+than moment 4 (2 V D against 4 P_root), so no moment changes.
 
 The memory of a step is what persists plus the largest of its MOMENTS: tensors of one moment are alive together,
 tensors of two moments are not (the entropy pass is over before the loss pass starts, so its peak is a separate
@@ -62,7 +72,8 @@ test_memory_plan.py checks the sum against the hooks):
     a T D, a T D, a T F; frozen linears keep no input (they only need their weight to pass the gradient on).
   - attention: q and k after RoPE, v, and SDPA's output (flash kernels on CPU and GPU: no L x L matrix), 4 a T D,
     plus the float32 log-sum-exp, 4 B H L. attn_out's input is a view of that output (not counted twice). RoPE
-    keeps only cos and sin.
+    keeps only cos and sin, once per forward; Dream's RoPE computes in the activations' dtype (model.apply_rope), so in
+    bf16 each block keeps its own bf16 copies of cos and sin for q and for k, 4 x 2 L hd bytes.
   - MLP: silu's input g and output silu(g), and u (the product's factors), 3 a T F.
   - LoRA per adapted linear (q, k, v): the dropout mask (1 B per element on a GPU, a bool; a bytes on the CPU,
     where dropout multiplies by a noise tensor), lora_A's input a T D (bf16: the autocast copy of the float32
@@ -71,7 +82,8 @@ test_memory_plan.py checks the sum against the hooks):
   - with activation checkpointing (non-reentrant): only each block's input, a T D.
   Totals per block (block 0 of LoRA: less, see above): full fine-tuning 8 T D + 8 a T D + 4 a T F (bf16: 24 T D +
   8 T F; float32: 40 T D + 16 T F); LoRA 8 T D + 3 (m + a) T D + 4 a T D + 3 a T F + 3 a T r, m the mask bytes
-  (GPU bf16: 25 T D + 6 T F + 6 T r).
+  (GPU bf16: 25 T D + 6 T F + 6 T r). With GQA two of the four attention tensors (k, v) are a T K: full fine-tuning
+  in bf16 20 T D + 4 T K + 8 T F (Dream-7B: 4 T K = 0.57 T D, so 20.6 T D + 8 T F).
 
 The check (--check) builds small models with this repo's own code (model.LLaDA, gift.wrap_model, the AdamW that
 gift.train_loop builds, gift.MicroBatch, gift.train_step with the gift loss and its entropy pass) and runs ONE step in a
@@ -84,7 +96,9 @@ make RSS follow what is allocated: the subprocess runs with MALLOC_MMAP_THRESHOL
 every tensor above 64 KiB its own mapping and returns it when freed (by default it keeps freed blocks of up to
 32 MB in its heap, and the RSS would remember them); and it first runs one step of a throwaway model of the same
 shapes, so that what a first step leaves behind whatever the model (code pages, oneDNN's kernels compiled for these
-shapes, lazy initialisations: ~10 MiB) is not counted as the step's memory.
+shapes, lazy initialisations: ~10 MiB) is not counted as the step's memory. Three of its configurations are
+Dream-like (dream-*: GQA with 2 key/value heads of 8, q/k/v biases, Dream's RoPE, the shifted hidden states of
+gift.predicting_hidden), so the Dream terms are checked against a real step too.
 """
 
 import argparse
@@ -114,14 +128,21 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj")  # the paper's (Appendix C); the f
 # Parameter counts, from the config
 
 
+def kv_width(cfg):
+    """K = Hkv hd, the output width of k_proj and v_proj: D for LLaDA-8B, 4 x 128 = 512 for Dream-7B (GQA)."""
+    return cfg.n_kv_heads * cfg.head_dim
+
+
 def param_counts(cfg):
-    """Parameters of model.LLaDA(cfg), by group: block (one block), wte, head, ln_f, total."""
-    D, hd, F = cfg.d_model, cfg.head_dim, cfg.mlp_hidden_size
+    """Parameters of model.LLaDA(cfg), by group: block (one block), wte, head (0 when tied to wte), ln_f, total."""
+    D, hd, F, K = cfg.d_model, cfg.head_dim, cfg.mlp_hidden_size, kv_width(cfg)
     block = (2 * D  # attn_norm, ff_norm
-             + D * cfg.n_heads * hd + 2 * D * cfg.n_kv_heads * hd  # q_proj, k_proj, v_proj
+             + D * cfg.n_heads * hd + 2 * D * K  # q_proj, k_proj, v_proj
+             + (cfg.n_heads * hd + 2 * K if cfg.include_qkv_bias else 0)  # their biases (Dream)
              + D * D  # attn_out
              + 3 * D * F)  # ff_proj, up_proj, ff_out
-    wte = head = cfg.embedding_size * D
+    wte = cfg.embedding_size * D
+    head = 0 if cfg.weight_tying else wte  # a tied head is wte's matrix: no parameter of its own
     total = cfg.n_layers * block + wte + head + D  # + ln_f
     return dict(block=block, wte=wte, head=head, ln_f=D, total=total)
 
@@ -164,29 +185,37 @@ def term(name, formula, nbytes):
 
 
 def block_saved(s, first=False):
-    """Bytes autograd keeps for one block's backward (no checkpointing), as (coefficient of T D, of T F, of T r,
-    the rest) with T D etc. element counts: see the docstring's list."""
-    a, T, D = s.a, s.batch * s.seq, s.cfg.d_model
+    """Bytes autograd keeps for one block's backward (no checkpointing), as (coefficient of T D, of T K, of T F,
+    of T r, the rest) with T D etc. element counts: see the docstring's list. k and v are T K each (K = Hkv hd); when
+    K = D (LLaDA-8B) their coefficient is folded into T D's."""
+    a, T, D, K = s.a, s.batch * s.seq, s.cfg.d_model, kv_width(s.cfg)
     small = 4 * s.batch * s.cfg.n_heads * s.seq + 4 * T * (1 if (s.lora and first) else 2)  # log-sum-exp, rsqrt
-    if not s.lora:  # norm inputs (float32) + normalised (a) x 2, n, m, q, k, v, out; g, silu(g), u, p
-        return 8 + 8 * a, 4 * a, 0, small
-    mask = 1 if s.device == "cuda" else a
-    norm_inputs = 4 if first else 8  # block 0: attn_norm's input is the frozen embedding
-    masks = 0 if first else 3 * mask  # block 0: dropout of a tensor that needs no gradient keeps no mask
-    # autocast's bf16 copies of A (r, D) and B (D, r); block 0 keeps no copy of A (its input needs no gradient)
-    casts = 3 * (2 if first else 4) * s.lora_r * D if a == 2 else 0
-    return norm_inputs + masks + 3 * a + 4 * a, 3 * a, 3 * a, small + casts
+    if not s.cfg.rope_in_float32 and a == 2:  # Dream: cos and sin rounded to bf16 for q and for k, (L, hd) each
+        small += 4 * 2 * s.seq * s.cfg.head_dim
+    if not s.lora:  # norm inputs (float32) + normalised (a) x 2, n, m, q, out; k, v; g, silu(g), u, p
+        coefs = [8 + 6 * a, 2 * a, 4 * a, 0, small]
+    else:
+        mask = 1 if s.device == "cuda" else a
+        norm_inputs = 4 if first else 8  # block 0: attn_norm's input is the frozen embedding
+        masks = 0 if first else 3 * mask  # block 0: dropout of a tensor that needs no gradient keeps no mask
+        # autocast's bf16 copies of A (r, D) and B (out, r), out = D for q, K for k and v; block 0 keeps no copy of A
+        # (its input needs no gradient)
+        casts = ((0 if first else 3 * 2 * s.lora_r * D) + 2 * s.lora_r * (D + 2 * K)) if a == 2 else 0
+        coefs = [norm_inputs + masks + 3 * a + 2 * a, 2 * a, 3 * a, 3 * a, small + casts]
+    if K == D:
+        coefs[0], coefs[1] = coefs[0] + coefs[1], 0
+    return tuple(coefs)
 
 
 def block_bytes(s, coefs):
     T, D, F, r = s.batch * s.seq, s.cfg.d_model, s.cfg.mlp_hidden_size, s.lora_r
-    cTD, cTF, cTr, small = coefs
-    return cTD * T * D + cTF * T * F + cTr * T * r + small
+    cTD, cTK, cTF, cTr, small = coefs
+    return cTD * T * D + cTK * T * kv_width(s.cfg) + cTF * T * F + cTr * T * r + small
 
 
 def coef_formula(coefs):
-    cTD, cTF, cTr, _ = coefs
-    parts = [f"{c:g} {sym}" for c, sym in ((cTD, "T D"), (cTF, "T F"), (cTr, "T r")) if c]
+    cTD, cTK, cTF, cTr, _ = coefs
+    parts = [f"{c:g} {sym}" for c, sym in ((cTD, "T D"), (cTK, "T K"), (cTF, "T F"), (cTr, "T r")) if c]
     return " + ".join(parts)
 
 
@@ -217,12 +246,11 @@ def plan(s):
     """The persistent terms and the moments of one step. Returns dict(persistent=[terms], moments={name: [terms]},
     peak=name of the largest moment, tensors=bytes of tensors at the peak, total=bytes with the GPU overhead)."""
     cfg = s.cfg
-    if cfg.n_kv_heads != cfg.n_heads:
-        raise ValueError("bench/memory_plan.py: the formulas assume n_kv_heads == n_heads (LLaDA-8B)")
     if not s.lora and s.a == 2 and s.sharding != "fsdp2":
         raise ValueError("bench/memory_plan.py: full fine-tuning in bf16 is planned under FSDP2 only (one process "
                          "autocasts float32 weights: other tensors)")
     T, D, F, V, NL = s.batch * s.seq, cfg.d_model, cfg.mlp_hidden_size, cfg.embedding_size, cfg.n_layers
+    K = kv_width(cfg)
     c, a = CE_CHUNK, s.a
     counts = param_counts(cfg)
     P, P_b, P_root = counts["total"], counts["block"], counts["wte"] + counts["head"] + counts["ln_f"]
@@ -259,11 +287,12 @@ def plan(s):
     moments = {}
 
     # 1. the entropy pass: no graph
-    block_fwd = 8 * a * T * D + 3 * a * T * F
+    block_fwd = 6 * a * T * D + 2 * a * T * K + 3 * a * T * F  # k and v: T K each
     head_fwd = a * s.n_answer * D + 8 * cV
     m1 = ([unsharded_root, unsharded_blocks] if fsdp else [])
     if block_fwd >= head_fwd:
-        m1.append(term("a block's forward, no graph", f"8 {a} T D + 3 {a} T F", block_fwd))
+        m1.append(term("a block's forward, no graph",
+                       f"8 {a} T D + 3 {a} T F" if K == D else f"6 {a} T D + 2 {a} T K + 3 {a} T F", block_fwd))
     else:
         m1.append(term("answer hidden states + logits chunk (no graph)",
                        f"{a} N_a D + 8 c V", head_fwd))
@@ -358,11 +387,20 @@ def plan(s):
 
 
 # -----------------------------------------------------------------------------
-# The paper's recipes at LLaDA-8B
+# The paper's recipes at LLaDA-8B and Dream-v0-7B
 
 
 def llada_8b():
     return LLaDAConfig()  # the defaults are LLaDA-8B-Instruct's config.json
+
+
+def dream_7b():
+    """Dream-v0-7B-Base's config.json (Qwen2.5-7B's shapes): 28 query heads, 4 key/value heads of 128, q/k/v biases,
+    an untied head, vocabulary 152064."""
+    return LLaDAConfig(d_model=3584, n_heads=28, n_kv_heads=4, n_layers=28, mlp_hidden_size=18944, vocab_size=152064,
+                       embedding_size=152064, rope_theta=1e6, rms_norm_eps=1e-6, mask_token_id=151666,
+                       eos_token_id=151643, pad_token_id=151643, max_sequence_length=131072, model_type="Dream",
+                       include_qkv_bias=True, weight_tying=False)
 
 
 def recipes(cfg=None, seq=4096):
@@ -380,15 +418,34 @@ def recipes(cfg=None, seq=4096):
                                                 checkpointing=False))
 
 
+def dream_recipes(cfg=None, seq=4096):
+    """Dream's recipe (paper Appendix C, Table 7, "full parameter"; the paper ran it with the dllm framework), as
+    THIS code runs it: full fine-tuning on Tulu3-10k under FSDP2 over 8 GPUs, batch 4 x 4096 per GPU, accumulation
+    1, bf16; with activation checkpointing and without."""
+    cfg = cfg or dream_7b()
+    full = Setup("Dream-v0-7B full fine-tuning on Tulu3-10k (FSDP2 over 8 GPUs): batch 4 x 4096, bf16, activation "
+                 "checkpointing", cfg, batch=4, seq=seq, a=2, sharding="fsdp2", world=8, checkpointing=True,
+                 n_answer=4 * seq, n_masked=4 * seq)
+    return dict(dream_full=full,
+                dream_full_no_ckpt=replace(full, name=full.name.replace("activation checkpointing",
+                                                                        "NO activation checkpointing"),
+                                           checkpointing=False))
+
+
 def show(s, capacity_gib=H100_GIB):
     """Print one recipe's table (term, formula, GiB) and its verdict; returns plan(s)."""
     p = plan(s)
     cfg, T = s.cfg, s.batch * s.seq
     counts = param_counts(cfg)
     P_root = counts["wte"] + counts["head"] + counts["ln_f"]
-    symbols = (f"T = {T}, D = {cfg.d_model}, F = {cfg.mlp_hidden_size}, V = {cfg.embedding_size}, "
+    K = kv_width(cfg)
+    kv = f", K = Hkv hd = {cfg.n_kv_heads} x {cfg.head_dim} = {K}" if K != cfg.d_model else ""
+    symbols = (f"T = {T}, D = {cfg.d_model}{kv}, F = {cfg.mlp_hidden_size}, V = {cfg.embedding_size}, "
                f"NL = {cfg.n_layers}, c = {CE_CHUNK},\n  P = {counts['total'] / 1e9:.3f}B, "
                f"P_b = {counts['block'] / 1e6:.1f}M, P_root = {P_root / 1e9:.3f}B")
+    if cfg.include_qkv_bias or cfg.weight_tying:
+        symbols += (" (P_b with the q/k/v biases" if cfg.include_qkv_bias else " (") + \
+                   (", the head tied to wte)" if cfg.weight_tying else ")")
     if s.lora:
         symbols += f", r = {s.lora_r}, P_l = P_t = {lora_count(cfg, s.lora_r) / 1e6:.1f}M"
     if s.sharding == "fsdp2":
@@ -417,32 +474,43 @@ def show(s, capacity_gib=H100_GIB):
 # -----------------------------------------------------------------------------
 # The check: one step of this repo's code in a fresh process, measured, against plan() for the same shapes
 
-CHECK_SHAPES = dict(d_model=512, n_heads=8, n_layers=4, mlp=1536, vocab=16384, seq=1024, batch=2, lora_r=16)
-SMOKE_SHAPES = dict(d_model=64, n_heads=4, n_layers=2, mlp=192, vocab=2048, seq=128, batch=1, lora_r=4)
+# dream_kv_heads: the key/value heads of the Dream configurations (GQA; with q/k/v biases), the others have n_heads
+CHECK_SHAPES = dict(d_model=512, n_heads=8, n_layers=4, mlp=1536, vocab=16384, seq=1024, batch=2, lora_r=16,
+                    dream_kv_heads=2)
+SMOKE_SHAPES = dict(d_model=64, n_heads=4, n_layers=2, mlp=192, vocab=2048, seq=128, batch=1, lora_r=4,
+                    dream_kv_heads=2)
 TOLERANCE = 0.15  # --check fails when a measured / predicted ratio of a step is further than this from 1
-CHECKS = {  # name: (LoRA, dtype, activation checkpointing); lora-bf16 has the LoRA recipe's dtypes
-    "lora-fp32": (True, "float32", False),
-    "lora-bf16": (True, "bfloat16", False),
-    "lora-bf16-ckpt": (True, "bfloat16", True),
-    "full-fp32": (False, "float32", False),
-    "full-fp32-ckpt": (False, "float32", True),
+CHECKS = {  # name: (LoRA, dtype, activation checkpointing, family); lora-bf16 has the LoRA recipe's dtypes
+    "lora-fp32": (True, "float32", False, "llada"),
+    "lora-bf16": (True, "bfloat16", False, "llada"),
+    "lora-bf16-ckpt": (True, "bfloat16", True, "llada"),
+    "full-fp32": (False, "float32", False, "llada"),
+    "full-fp32-ckpt": (False, "float32", True, "llada"),
+    # Dream-like: GQA (k and v of dream_kv_heads), q/k/v biases, RoPE in the activations' dtype, the shifted hidden
+    "dream-lora-bf16": (True, "bfloat16", False, "dream"),
+    "dream-full-fp32": (False, "float32", False, "dream"),
+    "dream-full-fp32-ckpt": (False, "float32", True, "dream"),
 }
-SMOKE_CHECKS = ("lora-bf16", "full-fp32-ckpt")
+SMOKE_CHECKS = ("lora-bf16", "full-fp32-ckpt", "dream-lora-bf16")
 PHASES = ("1 entropy pass", "2 loss chunks' backward", "3 block backward", "5 optimizer step")
 
 
-def check_config(shapes):
+def check_config(shapes, family="llada"):
+    """The check's model config: LLaDA's, or family "dream" a Dream-v0 one (dream_kv_heads key/value heads, q/k/v
+    biases, Dream's RoPE theta and norm eps, an untied head as Dream-7B's)."""
     V = shapes["vocab"]  # mask and eos at the top of the vocabulary
-    return LLaDAConfig(d_model=shapes["d_model"], n_heads=shapes["n_heads"], n_kv_heads=shapes["n_heads"],
+    dream = dict(model_type="Dream", include_qkv_bias=True, rope_theta=1e6, rms_norm_eps=1e-6)
+    return LLaDAConfig(d_model=shapes["d_model"], n_heads=shapes["n_heads"],
+                       n_kv_heads=shapes["dream_kv_heads"] if family == "dream" else shapes["n_heads"],
                        n_layers=shapes["n_layers"], mlp_hidden_size=shapes["mlp"], vocab_size=V, embedding_size=V,
                        mask_token_id=V - 1, eos_token_id=V - 2, pad_token_id=V - 2,
-                       max_sequence_length=max(shapes["seq"], 4096))
+                       max_sequence_length=max(shapes["seq"], 4096), **(dream if family == "dream" else {}))
 
 
-def build_step(shapes, lora, dtype, checkpointing, seed=0):
+def build_step(shapes, lora, dtype, checkpointing, family="llada", seed=0):
     """Model, AdamW, one micro-batch (half prompt, half answer) and autocast as gift.train_loop builds them. Returns
     (model, optimizer, step), step() = one gift.train_step with the gift loss (its entropy pass included)."""
-    cfg = check_config(shapes)
+    cfg = check_config(shapes, family)
     model = LLaDA(cfg).init_weights(torch.Generator().manual_seed(seed))
     r = shapes["lora_r"]
     lora_opts = dict(r=r, alpha=2 * r, dropout=0.05, targets=LORA_TARGETS) if lora else None
@@ -473,11 +541,12 @@ def worker(spec):
     fresh model (its first: AdamW creates its states inside it). Prints JSON: the RSS before the step, the peak of
     each phase above it, and the step's answer / masked counts."""
     torch.set_num_threads(spec["threads"])
-    lora, dtype, checkpointing = spec["lora"], getattr(torch, spec["dtype"]), spec["checkpointing"]
-    warm_model, warm_optimizer, warm_step = build_step(spec["shapes"], lora, dtype, checkpointing)
+    lora, dtype, checkpointing, family = (spec["lora"], getattr(torch, spec["dtype"]), spec["checkpointing"],
+                                          spec["family"])
+    warm_model, warm_optimizer, warm_step = build_step(spec["shapes"], lora, dtype, checkpointing, family)
     warm_step()
     del warm_model, warm_optimizer, warm_step
-    model, optimizer, step = build_step(spec["shapes"], lora, dtype, checkpointing)
+    model, optimizer, step = build_step(spec["shapes"], lora, dtype, checkpointing, family)
     peaks = {}
 
     def mark(phase):
@@ -504,8 +573,8 @@ def worker(spec):
 
 
 def measure(name, shapes, threads):
-    lora, dtype, checkpointing = CHECKS[name]
-    spec = dict(shapes=shapes, lora=lora, dtype=dtype, checkpointing=checkpointing, threads=threads)
+    lora, dtype, checkpointing, family = CHECKS[name]
+    spec = dict(shapes=shapes, lora=lora, dtype=dtype, checkpointing=checkpointing, family=family, threads=threads)
     # every tensor above 64 KiB in its own mapping, unmapped when freed: the RSS follows what is allocated
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONWARNINGS": "ignore"}
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
@@ -517,8 +586,8 @@ def measure(name, shapes, threads):
 
 def predicted(name, shapes, n_answer, n_masked):
     """plan() for one CPU process running the check's step: its first step, world 1."""
-    lora, dtype, checkpointing = CHECKS[name]
-    s = Setup(name, check_config(shapes), batch=shapes["batch"], seq=shapes["seq"],
+    lora, dtype, checkpointing, family = CHECKS[name]
+    s = Setup(name, check_config(shapes, family), batch=shapes["batch"], seq=shapes["seq"],
               lora_r=shapes["lora_r"] if lora else 0, a=2 if dtype == "bfloat16" else 4,
               checkpointing=checkpointing, device="cpu", n_answer=n_answer, n_masked=n_masked, first_step=True)
     p = plan(s)
@@ -530,8 +599,9 @@ def check(names, shapes, threads):
     print(f"\ncheck: one gift.train_step (loss gift, its entropy pass included) in a fresh CPU process, world 1; "
           f"d_model {shapes['d_model']}, {shapes['n_layers']} layers, {shapes['n_heads']} heads, mlp {shapes['mlp']}, "
           f"vocab {shapes['vocab']}, batch {shapes['batch']} x seq {shapes['seq']} (half answer), LoRA r "
-          f"{shapes['lora_r']} on q/k/v; MiB above the RSS before the step, predicted / measured")
-    print(f"  {'config':16}" + "".join(f" {p[2:]:>26}" for p in PHASES) + f" {'step':>17} {'ratio':>6}")
+          f"{shapes['lora_r']} on q/k/v; dream-*: {shapes['dream_kv_heads']} key/value heads, q/k/v biases, Dream's "
+          f"RoPE and shifted hidden states; MiB above the RSS before the step, predicted / measured")
+    print(f"  {'config':20}" + "".join(f" {p[2:]:>26}" for p in PHASES) + f" {'step':>17} {'ratio':>6}")
     rows = {}
     for name in names:
         t0 = time.time()
@@ -542,7 +612,7 @@ def check(names, shapes, threads):
                           ratio=step_meas / step_pred)
         cells = "".join(f" {pred[p] / MiB:7.0f} /{m['peaks'][p] / MiB:7.0f} ({m['peaks'][p] / pred[p]:4.2f})"
                         for p in PHASES)
-        print(f"  {name:16}{cells} {step_pred / MiB:7.0f} /{step_meas / MiB:7.0f} {step_meas / step_pred:6.2f}"
+        print(f"  {name:20}{cells} {step_pred / MiB:7.0f} /{step_meas / MiB:7.0f} {step_meas / step_pred:6.2f}"
               f"   ({time.time() - t0:.0f} s)")
     return rows
 
@@ -552,12 +622,15 @@ def check(names, shapes, threads):
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Per-GPU memory plan of the paper's recipes at LLaDA-8B for this code, "
-                                "and a check of its formulas against measured CPU steps at small shapes.")
+    p = argparse.ArgumentParser(description="Per-GPU memory plan of the paper's recipes at LLaDA-8B and Dream-v0-7B "
+                                "for this code, and a check of its formulas against measured CPU steps at small "
+                                "shapes.")
     p.add_argument("--check", action="store_true",
-                   help="also run the check: 5 configurations, each one step in a fresh process (~1 min)")
+                   help=f"also run the check: {len(CHECKS)} configurations, each one step in a fresh process "
+                        "(~1.5 min)")
     p.add_argument("--smoke", action="store_true",
-                   help="the tables, and the check of 2 configurations at tiny shapes (seconds; ratios not meaningful)")
+                   help=f"the tables, and the check of {len(SMOKE_CHECKS)} configurations at tiny shapes (seconds; "
+                        "ratios not meaningful)")
     p.add_argument("--configs", default=None,
                    help="comma-separated check configurations (default all): " + ", ".join(CHECKS))
     p.add_argument("--threads", type=int, default=2, help="torch threads in the check's processes")
@@ -579,6 +652,10 @@ def main(argv=None):
     print(f"LLaDA-8B: {counts['total']:,} parameters ({counts['total'] / 1e9:.2f}B); per-GPU predictions for this "
           f"code (no GPU measured), against an H100's {H100_GIB:.1f} GiB")
     plans = {name: show(s) for name, s in recipes().items()}
+    counts = param_counts(dream_7b())
+    print(f"\nDream-v0-7B: {counts['total']:,} parameters ({counts['total'] / 1e9:.2f}B; GQA with 4 key/value heads, "
+          f"q/k/v biases, untied head); the same predictions")
+    plans |= {name: show(s) for name, s in dream_recipes().items()}
     rows = None
     if a.smoke:
         rows = check(a.configs or SMOKE_CHECKS, SMOKE_SHAPES, a.threads)

@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))  # the repo's top-level files are plain modules
 sys.path.insert(0, str(REPO / "tests"))  # the official sampler's transcription lives with the tests (the oracle)
 from model import LLaDA, LLaDAConfig  # noqa: E402
 from official_sampler import official_generate  # noqa: E402
-from sample import generate, generate_cached  # noqa: E402
+from sample import SamplerOptions, generate, generate_cached  # noqa: E402
 
 CONFIGS = {  # name: model shapes
     "head-heavy": dict(vocab=126464, d_model=128, n_heads=4, n_layers=2, mlp=384),
@@ -169,8 +169,9 @@ def bench_fast(name, shapes, shape, a, device, dtype):
             if cache is None and threshold is None:  # the exact sampler
                 run_mode = lambda: generate(model, prompt, **kw)  # noqa: E731
             else:
-                run_mode = lambda: generate_cached(model, prompt, cache=cache, threshold=threshold,  # noqa: E731
-                                                   cache_refresh=refresh, cache_drift=drift, **kw)
+                options = SamplerOptions(cache=cache, threshold=threshold, cache_refresh=refresh, cache_drift=drift,
+                                         **kw)
+                run_mode = lambda: generate_cached(model, prompt, options=options)  # noqa: E731
             outs[mode], t = timed(run_mode, a.clock, device)
             times[mode].append(t)
     P, tokens = shape["prompt_len"], a.batch * shape["gen_length"]
@@ -198,16 +199,18 @@ def bench_sudoku(model_dir, a, device, dtype):
     model = LLaDA.from_pretrained(model_dir, dtype=dtype, device=device).eval()
     tokenizer = load_tokenizer(model_dir)
     rows, exact = [], None
+    embedded = gift.EMBEDDED_EVAL
     for mode, cache, threshold, refresh, drift in FAST_MODES:
-        settings = {k: gift.EMBEDDED_EVAL[k] for k in ("prompt_style", "gen_length", "block_length", "steps")}
-        (acc, records), t = timed(lambda: evaluate(model, tokenizer, items, "sudoku", cache=cache, threshold=threshold,
-                                                   cache_refresh=refresh, cache_drift=drift, batch_size=64,
-                                                   **settings), a.clock, device)
+        options = SamplerOptions(gen_length=embedded["gen_length"], steps=embedded["steps"],
+                                 block_length=embedded["block_length"], cache=cache, threshold=threshold,
+                                 cache_refresh=refresh, cache_drift=drift)
+        (acc, records), t = timed(lambda: evaluate(model, tokenizer, items, "sudoku", options, batch_size=64,
+                                                   prompt_style=embedded["prompt_style"]), a.clock, device)
         exact = exact or records
         solved = sum(r["correct_cells"] == r["empty_cells"] for r in records) / len(records)
         same = sum(r["generation"] == e["generation"] for r, e in zip(records, exact)) / len(records)
         rows.append(dict(mode=mode, seconds=t, cell_acc=acc, puzzle_acc=100 * solved, same=same,
-                         tps=len(items) * gift.EMBEDDED_EVAL["gen_length"] / t))
+                         tps=len(items) * embedded["gen_length"] / t))
     return rows
 
 

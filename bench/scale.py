@@ -1,7 +1,10 @@
-"""A real-width dry run of the LLaDA-8B path on the CPU: the repo's own entry points, at LLaDA-8B's widths, timed.
+"""A real-width dry run of the LLaDA-8B path (and Dream-v0-7B's) on the CPU: the repo's own entry points, at the real
+widths, timed.
 
-    python bench/scale.py            # d_model 4096, vocab 126464, 2 layers, 1024 tokens, bf16 (4-6 min, 2 cores)
-    python bench/scale.py --smoke    # tiny widths, the same four steps (~20 s; tests/test_scale.py runs it)
+    python bench/scale.py                   # d_model 4096, vocab 126464, 2 layers, 1024 tokens, bf16 (4-6 min, 2 cores)
+    python bench/scale.py --smoke           # tiny widths, the same four steps (~20 s; tests/test_scale.py runs it)
+    python bench/scale.py --family dream    # Dream-v0-7B's widths (d_model 3584, 28 / 4 heads, mlp 18944, vocab
+                                            # 152064), 2 layers (full fine-tuning: 1 layer, vocab 8192)
 
 What it does:
 1. Writes synthetic model folders, as a downloaded LLaDA-8B-Instruct folder looks: config.json with LLaDA-8B's
@@ -27,6 +30,16 @@ What it does:
       (the base alone when step a left no adapter). eval.py has no dtype flag: on the CPU it runs in float32;
    d. sample.py --dtype bfloat16 on the base, a short generation.
 3. Prints a table: wall time, peak host memory and exit status of each step.
+
+--family dream does the same for Dream-v0-7B (Qwen2.5-7B's shapes): config.json in Dream's names (model_type "Dream",
+hidden_size 3584, num_attention_heads 28, num_key_value_heads 4, intermediate_size 18944, rope_theta 1e6, q/k/v
+biases, an untied head), checkpoint keys in Qwen's names (model.layers.0.self_attn.q_proj.weight, ...), and a
+tokenizer with Dream's special tokens at their real ids (<|endoftext|> 151643 = eos = pad, <|im_start|> 151644,
+<|im_end|> 151645, <|mask|> 151666; the ChatML format). Layers: 2 of Dream-7B's 28 for the LoRA, eval and sample
+model (the real vocabulary: 1,556M parameters, 5.8 GiB in float32 for eval.py); for full fine-tuning ONE layer at
+vocabulary 8192 (291.8M parameters), so that the FSDP2 step stays near 10 GB of host memory in all (Dream's
+embedding and head are 1.09B parameters, 16 GB of float32 training state on their own). Dream's special ids are
+shifted down with a reduced vocabulary as LLaDA's are.
 
 Peak host memory: a single process's is its ru_maxrss from wait4 (the kernel's high-water mark, exact). For torchrun
 it is the SUM over the process tree (the launcher and each worker) of each process's VmHWM, read from /proc every
@@ -57,19 +70,35 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repo's top-level files are plain modules
-from data import (BOS, EOS, EOT, END_HEADER, MASK, START_HEADER, encode_example, load_dataset,  # noqa: E402
-                  load_tokenizer, special_ids)
+from data import (BOS, DREAM_MASK, EOS, EOT, END_HEADER, IM_END, IM_START, MASK, START_HEADER,  # noqa: E402
+                  encode_example, load_dataset, load_tokenizer, special_ids)
 from model import LLaDA, LLaDAConfig, stored_dtype, weight_files  # noqa: E402
 
 # LLaDA-8B-Instruct's vocabulary (config.json: vocab_size = embedding_size) and special ids (tokenizer.json)
 LLADA_VOCAB = 126464
 LLADA_SPECIAL_IDS = {BOS: 126080, EOS: 126081, MASK: 126336, START_HEADER: 126346, END_HEADER: 126347, EOT: 126348}
+# Dream-v0-7B's (Qwen2.5's vocabulary and ChatML tokens; Dream's mask token)
+DREAM_VOCAB = 152064
+DREAM_SPECIAL_IDS = {EOS: 151643, IM_START: 151644, IM_END: 151645, DREAM_MASK: 151666}
 TEXT_CHARS = "\n" + "".join(chr(c) for c in range(32, 127))  # ordinary text: one token per character, ids 0-95
 
-DEFAULTS = dict(d_model=4096, n_heads=32, mlp=12288, layers=2, vocab=LLADA_VOCAB, full_layers=2, full_vocab=32768,
-                max_len=1024, lora_r=128, lora_alpha=256, gen_length=32, shards=4)
-SMOKE = dict(d_model=64, n_heads=4, mlp=192, layers=2, vocab=512, full_layers=2, full_vocab=512,
-             max_len=64, lora_r=8, lora_alpha=16, gen_length=8, shards=3)
+# per family: its vocabulary, special ids, mask token, the config fields the widths do not give
+FAMILIES = dict(
+    llada=dict(vocab=LLADA_VOCAB, special_ids=LLADA_SPECIAL_IDS, mask=MASK, config=dict(rope_theta=500000.0)),
+    dream=dict(vocab=DREAM_VOCAB, special_ids=DREAM_SPECIAL_IDS, mask=DREAM_MASK,
+               config=dict(model_type="Dream", include_qkv_bias=True, weight_tying=False, rope_theta=1e6,
+                           rms_norm_eps=1e-6)),
+)
+DEFAULTS = dict(
+    llada=dict(d_model=4096, n_heads=32, n_kv_heads=32, mlp=12288, layers=2, vocab=LLADA_VOCAB, full_layers=2,
+               full_vocab=32768, max_len=1024, lora_r=128, lora_alpha=256, gen_length=32, shards=4),
+    dream=dict(d_model=3584, n_heads=28, n_kv_heads=4, mlp=18944, layers=2, vocab=DREAM_VOCAB, full_layers=1,
+               full_vocab=8192, max_len=1024, lora_r=128, lora_alpha=256, gen_length=32, shards=4))
+SMOKE = dict(  # dream's max_len is longer: ChatML's system turn makes its shortest row ~95 tokens
+    llada=dict(d_model=64, n_heads=4, n_kv_heads=4, mlp=192, layers=2, vocab=512, full_layers=2, full_vocab=512,
+               max_len=64, lora_r=8, lora_alpha=16, gen_length=8, shards=3),
+    dream=dict(d_model=64, n_heads=4, n_kv_heads=2, mlp=192, layers=2, vocab=1024, full_layers=2, full_vocab=1024,
+               max_len=160, lora_r=8, lora_alpha=16, gen_length=8, shards=3))
 N_TRAIN_ROWS = 4  # 2 steps of one example (LoRA, 1 process) or of two (FSDP2, 2 processes)
 POLL_S = 0.1  # how often the memory of a running step is read from /proc
 GIB = 2**30
@@ -78,21 +107,24 @@ GIB = 2**30
 # The synthetic model folders
 
 
-def special_ids_for(vocab):
-    """LLaDA's special ids, shifted down by LLADA_VOCAB - vocab for a reduced vocabulary (unchanged at 126464)."""
-    shift = LLADA_VOCAB - vocab
-    ids = {token: i - shift for token, i in LLADA_SPECIAL_IDS.items()}
+def special_ids_for(vocab, family="llada"):
+    """The family's special ids (LLaDA's or Dream's), shifted down by its real vocabulary - vocab for a reduced
+    vocabulary (unchanged at the real one: 126464, 152064)."""
+    fam = FAMILIES[family]
+    shift = fam["vocab"] - vocab
+    ids = {token: i - shift for token, i in fam["special_ids"].items()}
     if min(ids.values()) < len(TEXT_CHARS):
-        raise ValueError(f"vocab {vocab} is too small: LLaDA's special ids shifted by {shift} collide with the "
-                         f"{len(TEXT_CHARS)} text characters (use at least {len(TEXT_CHARS) + 384})")
+        need = len(TEXT_CHARS) + fam["vocab"] - min(fam["special_ids"].values())
+        raise ValueError(f"vocab {vocab} is too small: {family}'s special ids shifted by {shift} collide with the "
+                         f"{len(TEXT_CHARS)} text characters (use at least {need})")
     return ids
 
 
-def make_tokenizer(vocab):
-    """A char-level tokenizer of exactly `vocab` ids with LLaDA's special tokens at special_ids_for(vocab), as
+def make_tokenizer(vocab, family="llada"):
+    """A char-level tokenizer of exactly `vocab` ids with the family's special tokens at special_ids_for(vocab), as
     data.make_char_tokenizer but with the ids pinned: tokens already in the WordLevel vocabulary keep their id when
     they are added as special tokens (matched in text as one token, which data.special_ids requires)."""
-    specials = special_ids_for(vocab)
+    specials = special_ids_for(vocab, family)
     words = {c: i for i, c in enumerate(TEXT_CHARS)} | specials
     taken = set(words.values())
     words |= {f"<|reserved_{i}|>": i for i in range(vocab) if i not in taken}  # unreachable fillers
@@ -104,12 +136,14 @@ def make_tokenizer(vocab):
 
 
 def write_model(folder, a, n_layers, vocab, seed):
-    """A Hugging Face LLaDA folder with random bf16 weights in several shards and the pinned tokenizer; checked after
-    writing. Returns the number of parameters."""
-    specials = special_ids_for(vocab)
-    config = LLaDAConfig(d_model=a.d_model, n_heads=a.n_heads, n_kv_heads=a.n_heads, n_layers=n_layers,
-                         mlp_hidden_size=a.mlp, rope_theta=500000.0, vocab_size=vocab, embedding_size=vocab,
-                         mask_token_id=specials[MASK], eos_token_id=specials[EOS], pad_token_id=specials[EOS])
+    """A Hugging Face folder of the family a.family (LLaDA, or Dream-v0: Dream's config.json and key names) with
+    random bf16 weights in several shards and the pinned tokenizer; checked after writing. Returns the number of
+    parameters and of shards."""
+    fam, specials = FAMILIES[a.family], special_ids_for(vocab, a.family)
+    config = LLaDAConfig(d_model=a.d_model, n_heads=a.n_heads, n_kv_heads=a.n_kv_heads, n_layers=n_layers,
+                         mlp_hidden_size=a.mlp, vocab_size=vocab, embedding_size=vocab,
+                         mask_token_id=specials[fam["mask"]], eos_token_id=specials[EOS], pad_token_id=specials[EOS],
+                         **fam["config"])
     with torch.device("meta"):
         model = LLaDA(config).to(torch.bfloat16)  # no storage yet
     model.to_empty(device="cpu")  # bf16 storage only: 2 bytes per parameter
@@ -117,17 +151,27 @@ def write_model(folder, a, n_layers, vocab, seed):
     n_params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(folder, max_shard_bytes=2 * n_params // a.shards)  # several shards and an index
     del model
-    make_tokenizer(vocab).save(str(folder / "tokenizer.json"))
+    make_tokenizer(vocab, a.family).save(str(folder / "tokenizer.json"))
 
     # what the training and evaluation code will see
     files = weight_files(folder)
     if len(files) < 2 or not (folder / "model.safetensors.index.json").is_file():
         raise RuntimeError(f"{folder}: expected several safetensors shards with an index, got {files}")
+    keys = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    want = ("model.layers.0.self_attn.q_proj.weight" if a.family == "dream"  # Qwen's key names
+            else "model.transformer.blocks.0.q_proj.weight")
+    if want not in keys:
+        raise RuntimeError(f"{folder}: no key {want!r} among the stored weights ({sorted(keys)[:4]}, ...)")
     if stored_dtype(folder) != torch.bfloat16:
         raise RuntimeError(f"{folder}: weights stored as {stored_dtype(folder)}, not bfloat16")
-    ids = special_ids(load_tokenizer(folder), LLaDAConfig.from_json(folder / "config.json"))
-    got = {BOS: ids.bos, EOS: ids.eos, MASK: ids.mask, START_HEADER: ids.start_header, END_HEADER: ids.end_header,
-           EOT: ids.eot}
+    loaded = LLaDAConfig.from_json(folder / "config.json")
+    if (loaded.model_type == "Dream") != (a.family == "dream") or loaded.n_kv_heads != a.n_kv_heads:
+        raise RuntimeError(f"{folder}: config.json reads back as model_type {loaded.model_type}, "
+                           f"{loaded.n_kv_heads} kv heads")
+    ids = special_ids(load_tokenizer(folder), loaded)
+    got = ({EOS: ids.eos, IM_START: ids.start_header, IM_END: ids.eot, DREAM_MASK: ids.mask} if a.family == "dream"
+           else {BOS: ids.bos, EOS: ids.eos, MASK: ids.mask, START_HEADER: ids.start_header,
+                 END_HEADER: ids.end_header, EOT: ids.eot})
     if got != specials or ids.pad != specials[EOS]:
         raise RuntimeError(f"{folder}: special ids {got} (pad {ids.pad}) after loading, expected {specials}")
     return n_params, len(files)
@@ -248,35 +292,46 @@ def print_table(results):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Real-width dry run of the LLaDA-8B path on the CPU: gift.py (LoRA GIFT; "
-                                            "full fine-tuning with FSDP2), eval.py and sample.py, each timed.")
-    p.add_argument("--smoke", action="store_true", help="tiny widths, max-len 64, the same four steps (seconds)")
-    p.add_argument("--d-model", type=int, help=f"model width (default {DEFAULTS['d_model']}, smoke {SMOKE['d_model']})")
-    p.add_argument("--n-heads", type=int, help=f"attention heads = kv heads (default {DEFAULTS['n_heads']}, smoke "
-                                               f"{SMOKE['n_heads']})")
-    p.add_argument("--mlp", type=int, help=f"mlp_hidden_size (default {DEFAULTS['mlp']}, smoke {SMOKE['mlp']})")
-    p.add_argument("--layers", type=int, help=f"layers of the LoRA, eval and sample model (default "
-                                              f"{DEFAULTS['layers']})")
-    p.add_argument("--vocab", type=int, help=f"vocabulary of that model (default {LLADA_VOCAB}, LLaDA's; smoke "
-                                             f"{SMOKE['vocab']}, special ids shifted down)")
-    p.add_argument("--full-layers", type=int, help=f"layers of the full fine-tuning model (default "
-                                                   f"{DEFAULTS['full_layers']}; 3 is the most that fits 24 GB)")
-    p.add_argument("--full-vocab", type=int, help=f"vocabulary of the full fine-tuning model (default "
-                                                  f"{DEFAULTS['full_vocab']}: LLaDA's does not fit 24 GB, see the top)")
+    p = argparse.ArgumentParser(description="Real-width dry run of the LLaDA-8B path (or Dream-v0-7B's) on the CPU: "
+                                            "gift.py (LoRA GIFT; full fine-tuning with FSDP2), eval.py and sample.py, "
+                                            "each timed.")
+    p.add_argument("--family", choices=tuple(FAMILIES), default="llada",
+                   help="llada: LLaDA-8B's widths, config and special ids; dream: Dream-v0-7B's (GQA, q/k/v biases, "
+                        "Dream's config.json and key names, ChatML special tokens). The defaults below are per family")
+    p.add_argument("--smoke", action="store_true",
+                   help="tiny widths, max-len 64 (dream 160), the same four steps (seconds)")
+    L, D, S = DEFAULTS["llada"], DEFAULTS["dream"], SMOKE["llada"]
+
+    def default(k):
+        return f"default {L[k]}, dream {D[k]}"
+    p.add_argument("--d-model", type=int, help=f"model width ({default('d_model')}, smoke {S['d_model']})")
+    p.add_argument("--n-heads", type=int, help=f"attention heads ({default('n_heads')}, smoke {S['n_heads']})")
+    p.add_argument("--n-kv-heads", type=int, help=f"key/value heads ({default('n_kv_heads')}, smoke "
+                                                  f"{S['n_kv_heads']} (dream {SMOKE['dream']['n_kv_heads']}))")
+    p.add_argument("--mlp", type=int, help=f"mlp_hidden_size ({default('mlp')}, smoke {S['mlp']})")
+    p.add_argument("--layers", type=int, help=f"layers of the LoRA, eval and sample model ({default('layers')})")
+    p.add_argument("--vocab", type=int, help=f"vocabulary of that model ({default('vocab')}, the real ones; smoke "
+                                             f"{S['vocab']} (dream {SMOKE['dream']['vocab']}), special ids shifted "
+                                             "down)")
+    p.add_argument("--full-layers", type=int, help=f"layers of the full fine-tuning model ({default('full_layers')}; "
+                                                   "llada: 3 is the most that fits 24 GB)")
+    p.add_argument("--full-vocab", type=int, help=f"vocabulary of the full fine-tuning model ({default('full_vocab')}: "
+                                                  "the real ones do not fit 24 GB, see the top)")
     p.add_argument("--max-len", type=int, help=f"training length, every example padded to it (default "
-                                               f"{DEFAULTS['max_len']}, smoke {SMOKE['max_len']})")
-    p.add_argument("--lora-r", type=int, help=f"LoRA rank (default {DEFAULTS['lora_r']}, the paper's)")
-    p.add_argument("--lora-alpha", type=int, help=f"LoRA alpha (default {DEFAULTS['lora_alpha']}, the paper's)")
+                                               f"{L['max_len']}, smoke {S['max_len']} (dream "
+                                               f"{SMOKE['dream']['max_len']}))")
+    p.add_argument("--lora-r", type=int, help=f"LoRA rank (default {L['lora_r']}, the paper's)")
+    p.add_argument("--lora-alpha", type=int, help=f"LoRA alpha (default {L['lora_alpha']}, the paper's)")
     p.add_argument("--gen-length", type=int, help=f"tokens generated by eval.py and sample.py (default "
-                                                  f"{DEFAULTS['gen_length']}, smoke {SMOKE['gen_length']})")
-    p.add_argument("--shards", type=int, help=f"safetensors shards to aim for (default {DEFAULTS['shards']})")
+                                                  f"{L['gen_length']}, smoke {S['gen_length']})")
+    p.add_argument("--shards", type=int, help=f"safetensors shards to aim for (default {L['shards']})")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="OMP_NUM_THREADS of a single-process step; each of the 2 torchrun workers gets half")
     p.add_argument("--timeout", type=float, default=1800, help="seconds after which a step is killed")
     p.add_argument("--work", default=None, help="folder for the model folders, data and runs (kept); default: a "
                                                 "temporary folder, deleted at the end (~15 GB at the default sizes)")
     a = p.parse_args(argv)
-    for k, v in (SMOKE if a.smoke else DEFAULTS).items():
+    for k, v in (SMOKE if a.smoke else DEFAULTS)[a.family].items():
         if getattr(a, k) is None:
             setattr(a, k, v)
     torch.set_num_threads(a.threads)
@@ -300,11 +355,12 @@ def main(argv=None):
         setup = dict(name="0. write the folders and data (this process)", wall_s=time.time() - t0, per_process=[],
                      peak_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, status=0)
         lengths = [len(ids) for ids, _ in examples]
-        print(f"base: d_model {a.d_model}, {a.n_heads} heads, mlp {a.mlp}, {a.layers} layers, vocab {a.vocab}: "
-              f"{n_base / 1e6:.1f}M parameters, bf16 in {shards_base} shards ({base})")
+        print(f"base ({a.family}): d_model {a.d_model}, {a.n_heads} heads, {a.n_kv_heads} kv heads, mlp {a.mlp}, "
+              f"{a.layers} layers, vocab {a.vocab}: {n_base / 1e6:.1f}M parameters, bf16 in {shards_base} shards "
+              f"({base})")
         print(f"full fine-tuning base: the same widths, {a.full_layers} layers, vocab {a.full_vocab}: "
               f"{n_full / 1e6:.1f}M parameters, bf16 in {shards_full} shards; special ids "
-              f"{special_ids_for(a.full_vocab)}")
+              f"{special_ids_for(a.full_vocab, a.family)}")
         print(f"training data: {len(examples)} examples of {min(lengths)}-{max(lengths)} tokens, padded to "
               f"{a.max_len}; setup {setup['wall_s']:.0f} s")
 

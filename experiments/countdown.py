@@ -27,8 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
 import gift  # noqa: E402
-from data import CHAR_VOCAB, EOT, collate, encode, encode_examples, encode_text, make_char_tokenizer  # noqa: E402
+from data import CHAR_VOCAB, EOT, encode, encode_examples, encode_text, make_char_tokenizer  # noqa: E402
+from gift import collate  # noqa: E402
 from eval import COUNTDOWN_QUESTION, build_prompt, evaluate, last_boxed  # noqa: E402
+from sample import SamplerOptions  # noqa: E402
 
 TITLE = "toy Countdown"
 # the Plan fields only this task reads, and this task's defaults for the shared ones (flags given still win)
@@ -254,8 +256,9 @@ def evaluate_heldout(model, tokenizer, heldout, batch_size, plan):
     answers that use exactly the given numbers."""
     n_tokens = answer_tokens(plan)
     t0 = time.time()
-    _, records = evaluate(model, tokenizer, heldout_items(heldout), "countdown", batch_size=batch_size,
-                          prompt_style="plain", gen_length=n_tokens, block_length=n_tokens, steps=n_tokens)
+    _, records = evaluate(model, tokenizer, heldout_items(heldout), "countdown",
+                          SamplerOptions(gen_length=n_tokens, steps=n_tokens, block_length=n_tokens),
+                          batch_size=batch_size, prompt_style="plain")
     correct = [int(r["correct"]) for r in records]
     numbers_ok = [int(uses_the_numbers(r["generation"], r["numbers"])) for r in records]
     return dict(counts=dict(acc=(sum(correct), len(records)), numbers_ok=(sum(numbers_ok), len(records))),

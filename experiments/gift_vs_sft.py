@@ -416,11 +416,14 @@ def read_metrics(out):
 
 
 def run_gift_train(argv, out):
-    """gift.train with its log in <out>/train.log (workers run side by side)."""
+    """gift.train in its claimed output folder (gift.run_folder), with its log in <out>/train.log (workers run side
+    by side). Returns (the trained model, its tokenizer, the last checkpoint's folder)."""
     opts = gift.parse_options(argv)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "train.log", "w") as log, contextlib.redirect_stdout(log):
-        return gift.train(opts)
+        with gift.run_folder(Path(opts.out), opts.resume, opts.overwrite) as preemption:
+            model, inputs, final = gift.train(opts, preemption)
+    return model, inputs.tokenizer, final
 
 
 def git_commit():
@@ -474,7 +477,7 @@ def build_base(plan, b, folder, data_dir, commit):
     argv = train_argv(folder / "init", data_dir / "base.jsonl", folder / "train", "sft", "", 1, plan.base_steps,
                       plan.base_batch, plan.base_lr, plan.base_warmup, 0.0, spec["seed"], 50, plan.base_steps, 1)
     t0 = time.time()
-    _, _, _, final = run_gift_train(argv, folder / "train")
+    _, _, final = run_gift_train(argv, folder / "train")
     train_s = time.time() - t0
     shutil.copytree(final / "model", folder / "model")
     metrics = read_metrics(folder / "train")
@@ -527,7 +530,7 @@ def run_one(spec, commit, reuse_other_commit):
                       spec["lr"], spec["warmup"], spec["weight_decay"], spec["seed"], spec["log_every"],
                       save_every, keep + 1)
     t0 = time.time()
-    model, tokenizer, _, _ = run_gift_train(argv, out)
+    model, tokenizer, _ = run_gift_train(argv, out)
     train_s = time.time() - t0
     metrics = read_metrics(out)
     result = dict(spec=spec, commit=commit, steps=metrics[-1]["step"], step_time_s=step_time(metrics),

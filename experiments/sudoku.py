@@ -15,9 +15,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
 import gift  # noqa: E402
-from data import (SUDOKU_ANSWER, SUDOKU_TASK_PROMPT, SUDOKU_UNITS, collate, encode, make_char_tokenizer,  # noqa: E402
+from data import (SUDOKU_ANSWER, SUDOKU_TASK_PROMPT, SUDOKU_UNITS, encode, make_char_tokenizer,  # noqa: E402
                   sudoku_examples, sudoku_split)
+from gift import collate  # noqa: E402
 from eval import SUDOKU_QUESTION, build_prompt, evaluate  # noqa: E402
+from sample import SamplerOptions  # noqa: E402
 
 TITLE = "4x4 Sudoku"
 # the Plan fields only this task reads, and the task's defaults for the shared ones (none: Plan's are Sudoku's)
@@ -111,9 +113,11 @@ def shapes(tokenizer, pairs, plan=None):
 def evaluate_heldout(model, tokenizer, heldout, batch_size, plan=None):
     """Held-out grades with eval.evaluate (greedy, the 34-token answer in 34 steps as gift.EMBEDDED_EVAL): the
     counts (hits, trials) of each metric -- cells right among the blanks (d1's metric), whole puzzles solved."""
-    settings = {k: gift.EMBEDDED_EVAL[k] for k in ("prompt_style", "gen_length", "block_length", "steps")}
+    e = gift.EMBEDDED_EVAL
+    options = SamplerOptions(gen_length=e["gen_length"], steps=e["steps"], block_length=e["block_length"])
     t0 = time.time()
-    _, records = evaluate(model, tokenizer, heldout_items(heldout), "sudoku", batch_size=batch_size, **settings)
+    _, records = evaluate(model, tokenizer, heldout_items(heldout), "sudoku", options, batch_size=batch_size,
+                          prompt_style=e["prompt_style"])
     correct = [r["correct_cells"] for r in records]
     empty = [r["empty_cells"] for r in records]
     solved = sum(c == e for c, e in zip(correct, empty))

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from conftest import tiny_model
 
+import gift
 from gift import DEFAULT_NORM, diffusion_loss, first_pass_betas, objective_batch, wrap_model
 from model import rope_cos_sin
 from sample import generate
@@ -116,7 +117,7 @@ def test_greedy_generate_on_device_gives_the_float64_cpu_tokens(device, block_le
     assert torch.equal(out.cpu(), ref)
 
 
-def test_fsdp2_bf16_checkpointed_step_keeps_rope_float32(device, tmp_path):
+def test_fsdp2_bf16_checkpointed_step_keeps_rope_float32(device, tmp_path, monkeypatch):
     """Full fine-tuning as the paper's recipe runs it: FSDP2 (a world of one) with bf16 mixed precision and activation
     checkpointing. FSDP2 casts a block's floating-point inputs to bf16; the RoPE tables must reach every block, in
     the forward and in checkpointing's recompute, as the float32 values (torch < 2.13 did not cast the recompute's
@@ -132,7 +133,9 @@ def test_fsdp2_bf16_checkpointed_step_keeps_rope_float32(device, tmp_path):
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"file://{tmp_path}/pg",
                             rank=0, world_size=1)
     try:
-        # gift.wrap_model shards when world > 1; asking for 2 shards this world of one
+        # gift.wrap_model shards when world > 1; asking for 2 shards this world of one, one group per block as
+        # for LLaDA-8B (this tiny model would otherwise be one group)
+        monkeypatch.setattr(gift, "FSDP_ONE_GROUP_MAX_PARAMS", 0)
         fsdp = wrap_model(on(model, "cpu", torch.float32), device, torch.bfloat16, world=2,
                           activation_checkpointing=True).train()
         ropes = []

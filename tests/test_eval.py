@@ -16,7 +16,9 @@ import pytest
 import torch
 
 import eval as E
+import sample
 from conftest import DATA
+from sample import SamplerOptions
 
 # d1 paper Table 1 (LLaDA-8B-Instruct) at gen length 128 / 256 / 512. GSM8K: d1's rules on the 1130 problems that
 # the stored files hold (the paper's 68.7 / 76.7 / 78.2 are on all 1319; see tests/data/README.md).
@@ -480,7 +482,7 @@ def test_evaluate_left_padding_and_batching(one_thread):
     items = _countdown_items()
     model, tokenizer = tiny_model_and_tokenizer("".join(it["question"] for it in items))
     model = model.double()  # prompts of different lengths: float64 so padding cannot flip an argmax
-    kw = dict(gen_length=16, steps=8, block_length=8, prompt_style="plain")
+    kw = dict(sampler_options=SamplerOptions(gen_length=16, steps=8, block_length=8), prompt_style="plain")
     acc1, rec1 = E.evaluate(model, tokenizer, items, "countdown", batch_size=1, **kw)
     acc3, rec3 = E.evaluate(model, tokenizer, items, "countdown", batch_size=3, **kw)
     assert [r["generation"] for r in rec1] == [r["generation"] for r in rec3]
@@ -519,8 +521,9 @@ def _distributed_worker(rank, world, port, out_path):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     items = _countdown_items()
     model, tokenizer = tiny_model_and_tokenizer("".join(it["question"] for it in items))  # same seed on each rank
-    acc, records = E.evaluate(model.double(), tokenizer, items, "countdown", gen_length=16, steps=8, block_length=8,
-                              batch_size=2, prompt_style="plain")
+    acc, records = E.evaluate(model.double(), tokenizer, items, "countdown",
+                              SamplerOptions(gen_length=16, steps=8, block_length=8), batch_size=2,
+                              prompt_style="plain")
     if rank == 0:
         out_path.write_text(json.dumps([acc, records]))
     else:
@@ -540,8 +543,9 @@ def test_evaluate_two_ranks_equals_one_process(tmp_path, one_thread):
     acc2, records2 = json.loads((tmp_path / "out.json").read_text())
     items = _countdown_items()
     model, tokenizer = tiny_model_and_tokenizer("".join(it["question"] for it in items))
-    acc1, records1 = E.evaluate(model.double(), tokenizer, items, "countdown", gen_length=16, steps=8,
-                                block_length=8, batch_size=2, prompt_style="plain")
+    acc1, records1 = E.evaluate(model.double(), tokenizer, items, "countdown",
+                                SamplerOptions(gen_length=16, steps=8, block_length=8), batch_size=2,
+                                prompt_style="plain")
     assert acc2 == acc1 and records2 == json.loads(json.dumps(records1))
 
 
@@ -661,6 +665,50 @@ def test_bad_eval_flags_are_refused_before_the_model_loads(flags, message, capsy
     with pytest.raises(SystemExit):
         E.main(["--model", "no-such-folder", "--task", "sudoku", "--data", "x.csv", *flags])
     assert message in capsys.readouterr().err
+
+
+def test_the_sampler_flags_are_declared_once():
+    """sample.py's and eval.py's command lines take the same sampler flags, each made from one SamplerOptions field:
+    the same name, type, choices, default and help, in the dataclass's order."""
+    from dataclasses import fields
+    names = [f.name for f in fields(SamplerOptions)]
+
+    def sampler_flags(parser):
+        return {a.dest: (a.option_strings, a.type, a.choices, a.default, a.help) for a in parser._actions
+                if a.dest in names}
+    eval_flags, sample_flags = sampler_flags(E.make_parser()), sampler_flags(sample.make_parser())
+    assert list(eval_flags) == list(sample_flags) == names and eval_flags == sample_flags
+    assert {"gen_length", "steps", "block_length", "temperature", "cache", "threshold", "cache_refresh",
+            "cache_drift"} <= set(names)
+    assert eval_flags["cache"][0] == ["--cache"] and eval_flags["cache"][2] == ("none", "prefix", "dual")
+    assert all(help_ for *_, help_ in eval_flags.values())
+
+
+BAD_SAMPLER_FLAGS = [
+    (["--threshold", "1"], "--threshold 1.0: a confidence in [0, 1)"),
+    (["--cache-refresh", "2"], "--cache-refresh 2: a number of steps >= 1, with --cache prefix or dual"),
+    (["--cache", "dual", "--cache-drift", "0"], "--cache-drift 0.0: a cosine similarity in (0, 1], with --cache"),
+    (["--block-length", "0"], "--block-length 0: must be at least 1"),
+    (["--temperature", "-1"], "--temperature -1.0: must be 0 (greedy) or more"),
+    (["--cfg-scale", "-1"], "--cfg-scale -1.0: must be 0 (off) or more"),
+    (["--remasking", "high"], "invalid choice: 'high'"),
+]
+
+
+@pytest.mark.parametrize("flags,message", BAD_SAMPLER_FLAGS, ids=[" ".join(f) for f, _ in BAD_SAMPLER_FLAGS])
+def test_a_bad_sampler_flag_is_refused_in_one_line_by_both_command_lines(flags, message, capsys):
+    """One check (sample.check_sampler_options) for both command lines: the same one-line error, before the model
+    folder is even looked for (it does not exist here)."""
+    errors = []
+    for main, argv in ((E.main, ["--model", "no-such-folder", "--task", "sudoku", "--data", "x.csv"]),
+                       (sample.main, ["--model", "no-such-folder", "--prompt", "hi"])):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv + flags)
+        assert exit_.value.code == 2  # argparse's usage error
+        lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+        assert len(lines) == 1 and message in lines[0], lines
+        errors.append(lines[0].split("error: ", 1)[1])
+    assert errors[0] == errors[1]
 
 
 def test_out_is_checked_before_the_model_loads(tmp_path, capsys):

@@ -10,7 +10,7 @@ from test_sample import EOS, MASK, SETTINGS, left_pad, no_mask_model, random_pro
 
 import sample
 from model import apply_rope, rope_cos_sin
-from sample import generate, generate_cached
+from sample import SamplerOptions, generate, generate_cached
 
 
 def float64_model(seed=0):
@@ -33,14 +33,15 @@ def test_without_cache_or_threshold_it_is_the_exact_sampler(name, draws):
     model = tiny_model(seed=1)
     prompt, attention_mask = left_pad([random_prompts(1, n, seed=n)[0] for n in (3, 6, 5)])
 
-    def run(sampler, **fast):
+    def run(sampler):
         torch.manual_seed(7)
         rows = [torch.Generator().manual_seed(s) for s in (1, 2, 3)] if draws == "per_row_generators" else None
-        out = sampler(model, prompt, attention_mask, generator=rows, **SETTINGS[name], **fast)
+        out = sampler(rows)
         return out, torch.get_rng_state()
 
-    exact, exact_state = run(generate)
-    cached, cached_state = run(generate_cached, cache=None, threshold=None)
+    exact, exact_state = run(lambda rows: generate(model, prompt, attention_mask, generator=rows, **SETTINGS[name]))
+    cached, cached_state = run(lambda rows: generate_cached(
+        model, prompt, attention_mask, SamplerOptions(**SETTINGS[name], cache=None, threshold=None), generator=rows))
     assert torch.equal(cached, exact) and torch.equal(cached_state, exact_state)
 
 
@@ -78,8 +79,8 @@ def test_a_cache_rebuilt_every_step_gives_the_exact_tokens(cache, kw):
     model = float64_model()
     ids, mask = padded_batch()
     exact = generate(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3), **kw)
-    cached = generate_cached(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3), cache=cache,
-                             refresh_cache_every_step=True, **kw)
+    cached = generate_cached(model, ids, mask, SamplerOptions(gen_length=16, cache=cache, **kw),
+                             generator=torch.Generator().manual_seed(3), refresh_cache_every_step=True)
     assert torch.equal(cached, exact)
     assert not (exact == MASK).any()
 
@@ -92,8 +93,9 @@ def test_one_step_per_block_never_reads_the_cache(cache):
     model = float64_model()
     ids, mask = padded_batch()
     kw = dict(steps=4, gen_length=16, block_length=4)
-    assert torch.equal(generate_cached(model, ids, mask, cache=cache, **kw), generate(model, ids, mask, **kw))
-    out = generate_cached(model, ids, mask, steps=16, gen_length=16, block_length=4, cache=cache)
+    assert torch.equal(generate_cached(model, ids, mask, SamplerOptions(cache=cache, **kw)),
+                       generate(model, ids, mask, **kw))
+    out = generate_cached(model, ids, mask, SamplerOptions(steps=16, gen_length=16, block_length=4, cache=cache))
     assert torch.equal(out[:, :ids.shape[1]], ids) and not (out == MASK).any()
 
 
@@ -116,8 +118,8 @@ def test_without_a_threshold_the_cached_sampler_keeps_the_exact_schedule(monkeyp
     exact = unmasked_per_step(monkeypatch, generate, steps=steps, block_length=block_length)
     assert len(exact) == steps
     for cache in ("prefix", "dual"):
-        assert unmasked_per_step(monkeypatch, generate_cached, steps=steps, block_length=block_length,
-                                 cache=cache) == exact
+        assert unmasked_per_step(monkeypatch, lambda model, ids, mask, **kw: generate_cached(
+            model, ids, mask, SamplerOptions(**kw)), steps=steps, block_length=block_length, cache=cache) == exact
 
 
 def test_threshold_unmasks_every_confident_token_and_ends_blocks_early():
@@ -125,18 +127,20 @@ def test_threshold_unmasks_every_confident_token_and_ends_blocks_early():
     ids, mask = padded_batch()
     calls = []
     hook = model.register_forward_hook(lambda m, args, out: calls.append(1))
-    out = generate_cached(model, ids, mask, steps=16, gen_length=16, block_length=4, cache=None, threshold=0.0)
+    out = generate_cached(model, ids, mask, SamplerOptions(steps=16, gen_length=16, block_length=4, cache=None,
+                                                           threshold=0.0))
     assert len(calls) == 4  # every candidate beats 0: each block in one step
     assert not (out == MASK).any()
     calls.clear()
     # a threshold nothing reaches: one token per step, the most confident: the exact sampler with one per step
-    out = generate_cached(model, ids, mask, steps=16, gen_length=16, block_length=4, cache=None,
-                          threshold=1 - 1e-12)
+    out = generate_cached(model, ids, mask, SamplerOptions(steps=16, gen_length=16, block_length=4, cache=None,
+                                                           threshold=1 - 1e-12))
     hook.remove()
     assert len(calls) == 16
     assert torch.equal(out, generate(model, ids, mask, steps=16, gen_length=16, block_length=4))
     for cache in ("prefix", "dual"):  # with a cache too: fewer steps, every mask filled
-        fast = generate_cached(model, ids, mask, steps=16, gen_length=16, block_length=4, threshold=0.5, cache=cache)
+        fast = generate_cached(model, ids, mask, SamplerOptions(steps=16, gen_length=16, block_length=4, threshold=0.5,
+                                                                cache=cache))
         assert not (fast == MASK).any() and torch.equal(fast[:, :ids.shape[1]], ids)
 
 
@@ -156,9 +160,10 @@ def test_bad_fast_options_are_refused():
     model = float64_model()
     ids = random_prompts(1, 4, 0)
     with pytest.raises(ValueError, match="cache='full'"):
-        generate_cached(model, ids, gen_length=4, steps=4, block_length=4, cache="full")
+        generate_cached(model, ids, options=SamplerOptions(gen_length=4, steps=4, block_length=4, cache="full"))
     with pytest.raises(ValueError, match="threshold=1.5"):
-        generate_cached(model, ids, gen_length=4, steps=4, block_length=4, threshold=1.5)
+        generate_cached(model, ids, options=SamplerOptions(gen_length=4, steps=4, block_length=4, cache="dual",
+                                                           threshold=1.5))
     with pytest.raises(ValueError, match="2 generators for 1 rows"):
         generate(model, ids, gen_length=4, steps=4, block_length=4, generator=[torch.Generator()] * 2)
 
@@ -171,7 +176,8 @@ def test_what_each_mode_runs_at_each_step(cache):
     ids, mask = padded_batch()  # P = 9
     lengths = []
     hook = model.register_forward_pre_hook(lambda m, args: lengths.append(args[0].shape[1]))
-    generate_cached(model, ids, mask, steps=8, gen_length=8, block_length=4, cache=cache)  # 2 blocks x 4 steps, L = 17
+    generate_cached(model, ids, mask,
+                    SamplerOptions(steps=8, gen_length=8, block_length=4, cache=cache))  # 2 blocks x 4 steps, L = 17
     hook.remove()
     P, L = 9, 17
     want = {None: [L] * 8,
@@ -217,8 +223,8 @@ def test_a_cache_refreshed_every_step_gives_the_exact_tokens(cache, kw):
     model = float64_model()
     ids, mask = padded_batch()
     exact = generate(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3), **kw)
-    refreshed = generate_cached(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3),
-                                cache=cache, cache_refresh=1, **kw)
+    refreshed = generate_cached(model, ids, mask, SamplerOptions(gen_length=16, cache=cache, cache_refresh=1, **kw),
+                                generator=torch.Generator().manual_seed(3))
     assert torch.equal(refreshed, exact)
 
 
@@ -231,7 +237,8 @@ def test_the_refresh_schedule_runs_what_it_says(cache, every):
     ids, mask = padded_batch()  # P = 9
     lengths = []
     hook = model.register_forward_pre_hook(lambda m, args: lengths.append(args[0].shape[1]))
-    generate_cached(model, ids, mask, steps=8, gen_length=8, block_length=4, cache=cache, cache_refresh=every)
+    generate_cached(model, ids, mask, SamplerOptions(steps=8, gen_length=8, block_length=4, cache=cache,
+                                                     cache_refresh=every))
     hook.remove()
     P, L = 9, 17
     span = {"prefix": [L - P, L - P - 4], "dual": [4, 4]}[cache]  # block 0's, block 1's
@@ -244,7 +251,8 @@ def test_a_bad_refresh_is_refused():
     ids = random_prompts(1, 4, 0)
     for bad, cache in ((0, "dual"), (1.5, "dual"), (2, None)):
         with pytest.raises(ValueError, match="cache_refresh"):
-            generate_cached(model, ids, gen_length=4, steps=4, block_length=4, cache=cache, cache_refresh=bad)
+            generate_cached(model, ids, options=SamplerOptions(gen_length=4, steps=4, block_length=4, cache=cache,
+                                                               cache_refresh=bad))
 
 
 # -----------------------------------------------------------------------------
@@ -319,8 +327,8 @@ def test_a_row_the_drift_test_flags_is_rebuilt_and_sees_the_exact_tokens(monkeyp
         return torch.tensor([True, False, False]), tracked, reference
 
     def run(**fast):
-        return generate_cached(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3),
-                               **kw, **fast)
+        return generate_cached(model, ids, mask, SamplerOptions(gen_length=16, **kw, **fast),
+                               generator=torch.Generator().manual_seed(3))
 
     plain = run(cache=cache)
     uncached = run(cache=None) if "threshold" in kw else generate(
@@ -341,9 +349,10 @@ def test_a_drift_threshold_of_zero_never_rebuilds(monkeypatch):
     real = sample.rebuild_rows
     monkeypatch.setattr(sample, "rebuild_rows", lambda *a: (rebuilt.append(int(a[-1].sum())), real(*a)))
     kw = dict(gen_length=16, steps=16, block_length=16, cache="dual")
-    assert torch.equal(generate_cached(model, ids, mask, cache_drift=1e-9, **kw), generate_cached(model, ids, mask, **kw))
+    assert torch.equal(generate_cached(model, ids, mask, SamplerOptions(cache_drift=1e-9, **kw)),
+                       generate_cached(model, ids, mask, SamplerOptions(**kw)))
     assert rebuilt == []
-    generate_cached(model, ids, mask, cache_drift=1.0, **kw)
+    generate_cached(model, ids, mask, SamplerOptions(cache_drift=1.0, **kw))
     assert sum(rebuilt) > 0
 
 
@@ -352,4 +361,5 @@ def test_a_bad_drift_threshold_is_refused():
     ids = random_prompts(1, 4, 0)
     for bad, cache in ((0, "dual"), (1.5, "dual"), (0.9, None)):
         with pytest.raises(ValueError, match="cache_drift"):
-            generate_cached(model, ids, gen_length=4, steps=4, block_length=4, cache=cache, cache_drift=bad)
+            generate_cached(model, ids, options=SamplerOptions(gen_length=4, steps=4, block_length=4, cache=cache,
+                                                               cache_drift=bad))

@@ -1,6 +1,7 @@
-"""bench/memory_plan.py: its parameter counts are the model's, its activation formula is what autograd saves, its
-terms add up to the printed totals, and its smoke mode (tables + a tiny measured check) runs. The measured check at
-real shapes is `python bench/memory_plan.py --check` (figures in bench/README.md, section 4)."""
+"""bench/memory_plan.py: its parameter counts are the model's (LLaDA-8B, Dream-v0-7B, a tied head), its activation
+formula is what autograd saves (LLaDA, and Dream-like: GQA, q/k/v biases, RoPE in bf16), its terms add up to the
+printed totals, and its smoke mode (tables + a tiny measured check) runs. The measured check at real shapes is
+`python bench/memory_plan.py --check` (figures in bench/README.md, sections 4 and 6)."""
 
 import contextlib
 import os
@@ -31,8 +32,11 @@ def smoke_output():
     return out
 
 
-def small_config(n_kv_heads=4, V=96):
-    return tiny_config(V, n_kv_heads=n_kv_heads, n_layers=3, mlp_hidden_size=80)
+DREAM = dict(model_type="Dream", include_qkv_bias=True, rope_theta=1e6, rms_norm_eps=1e-6)  # Dream-v0's fields
+
+
+def small_config(n_kv_heads=4, V=96, family="llada"):
+    return tiny_config(V, n_kv_heads=n_kv_heads, n_layers=3, mlp_hidden_size=80, **(DREAM if family == "dream" else {}))
 
 
 def test_parameter_count_of_llada_8b_is_the_models():
@@ -44,6 +48,23 @@ def test_parameter_count_of_llada_8b_is_the_models():
     assert 8.0e9 < counts["total"] < 8.05e9  # LLaDA-8B: 8,015,581,184
     blocks = model.model.transformer.blocks
     assert counts["block"] == sum(p.numel() for p in blocks[0].parameters())
+
+
+def test_parameter_count_of_dream_7b_is_the_models():
+    """Dream-v0-7B at its real shapes (GQA, q/k/v biases, untied head), on the meta device; and a tied head counted
+    once."""
+    config = memory_plan.dream_7b()
+    with torch.device("meta"):
+        model = LLaDA(config)
+    counts = memory_plan.param_counts(config)
+    assert counts["total"] == sum(p.numel() for p in model.parameters())
+    assert counts["total"] == 7_615_616_512  # Dream-v0-7B (Qwen2.5-7B's shapes): 7.62B
+    assert counts["block"] == sum(p.numel() for p in model.model.transformer.blocks[0].parameters())
+    tied = small_config(2, family="dream")
+    tied.weight_tying = True
+    model = LLaDA(tied)
+    counts = memory_plan.param_counts(tied)
+    assert counts["head"] == 0 and counts["total"] == sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize("n_kv_heads", [4, 2])
@@ -76,10 +97,12 @@ def saved_by_autograd(model, input_ids, autocast):
 CASES = [(True, "float32"), (True, "bfloat16"), (False, "float32"), (False, "bf16 params")]
 
 
+@pytest.mark.parametrize("family,n_kv_heads", [("llada", 4), ("dream", 2)])
 @pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("lora,dtype", CASES)
-def test_activation_formula_is_what_autograd_saves(lora, dtype, checkpointing):
-    cfg = small_config()
+def test_activation_formula_is_what_autograd_saves(lora, dtype, checkpointing, family, n_kv_heads):
+    """Dream-like: k and v of 2 heads beside 4 query heads (GQA), q/k/v biases, RoPE in the activations' dtype."""
+    cfg = small_config(n_kv_heads, family=family)
     B, L = 2, 24
     model = LLaDA(cfg).init_weights(torch.Generator().manual_seed(0))
     bf16 = dtype != "float32"
@@ -98,14 +121,15 @@ def test_activation_formula_is_what_autograd_saves(lora, dtype, checkpointing):
                           sharding="fsdp2" if dtype == "bf16 params" else "none", checkpointing=checkpointing,
                           device="cpu", n_masked=0)
     predicted = memory_plan.saved_activations(s, cfg.n_layers)[1] + memory_plan.after_blocks(s)[1]
-    predicted += 2 * L * cfg.head_dim * 4  # RoPE's cos and sin (float32), made once per forward
+    if checkpointing or cfg.rope_in_float32 or not bf16:  # else Dream's bf16 copies per block, in the formula
+        predicted += 2 * L * cfg.head_dim * 4  # RoPE's cos and sin (float32), made once per forward
     if not lora:
         predicted += 8 * B * L  # the embedding's token ids (int64), kept for wte's gradient
     assert measured == predicted
 
 
 def test_terms_add_up_and_the_peak_is_the_largest_moment():
-    for s in memory_plan.recipes().values():
+    for s in [*memory_plan.recipes().values(), *memory_plan.dream_recipes().values()]:
         p = memory_plan.plan(s)
         persistent = sum(t[2] for t in p["persistent"])
         assert p["totals"][p["peak"]] == max(p["totals"].values())
@@ -116,8 +140,9 @@ def test_terms_add_up_and_the_peak_is_the_largest_moment():
 
 def test_smoke_prints_tables_that_add_up(smoke_output):
     blocks = smoke_output.split("\n\n")
-    tables, check = blocks[1:-1], blocks[-1]
-    assert len(tables) == len(memory_plan.recipes()) == 4
+    assert blocks[0].startswith("LLaDA-8B: ") and blocks[5].startswith("Dream-v0-7B: ")  # each family's header
+    tables, check = blocks[1:5] + blocks[6:-1], blocks[-1]
+    assert len(tables) == len(memory_plan.recipes()) + len(memory_plan.dream_recipes()) == 6
     for table in tables:
         lines = table.splitlines()
         start = next(i for i, line in enumerate(lines) if line.startswith("  term "))

@@ -76,7 +76,7 @@ def test_bad_eval_flags_refused_before_anything_is_written(tmp_path, flags, mess
 
 
 BAD_SAMPLE_FLAGS = [
-    (["--temperature", "-1"], "must be 0 (off) or more"),
+    (["--temperature", "-1"], "--temperature -1.0: must be 0 (greedy) or more"),
     (["--cfg-scale", "-3"], "must be 0 (off) or more"),
 ]
 if not torch.cuda.is_available():

@@ -156,12 +156,14 @@ def torchrun(nproc, argv, cwd):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
-@pytest.mark.parametrize("mode", ["lora", "full", "full-refresh"])
+@pytest.mark.parametrize("mode", ["lora", "full", "full-refresh", "full-star"])
 def test_two_processes_equal_one(base, tmp_path, mode):
     # LoRA runs under DDP, full fine-tuning under FSDP2; GIFT's "masked" norm needs the all-reduced count.
     # full-refresh: betas reused for 2 epochs (BetaCache: gathered over ranks), 7 steps = epochs 0, 1 and 2
+    # full-star: GIFT*'s no-grad passes over the data before the first step (FSDP2 must reshard after them)
     steps = 7 if mode == "full-refresh" else 3
-    extra = ["--loss", "gift", "--max-steps", str(steps)] + (["--lora"] if mode == "lora" else [])
+    loss = "gift-star" if mode == "full-star" else "gift"
+    extra = ["--loss", loss, "--max-steps", str(steps)] + (["--lora"] if mode == "lora" else [])
     extra += ["--beta-refresh-epochs", "2", "--epochs", "3"] if mode == "full-refresh" else []
     one, two = tmp_path / "one", tmp_path / "two"
     torchrun(1, args(base, one, *extra, batch_size=2), tmp_path)  # global batch 1 x 2 x accum 2
