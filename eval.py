@@ -545,7 +545,9 @@ def grade_sudoku(generation, puzzle, solution):
 
 
 def grade(task, generation, item):
-    """The grade fields of one record: {"correct"} or, for Sudoku, {"correct_cells", "empty_cells"}."""
+    """The grade fields of one record: {"correct"} or, for Sudoku, {"correct_cells", "empty_cells"}. d1's rules know
+    LLaDA's turn end <|eot_id|>: Dream's <|im_end|> is graded as it (LLaDA's generations never hold it)."""
+    generation = generation.replace("<|im_end|>", "<|eot_id|>")
     if task == "gsm8k":
         return dict(correct=grade_gsm8k(generation, item["gold"]))
     if task == "math500":
@@ -637,6 +639,15 @@ def graded_records(tokenizer, task, items, idx, answers, seed, done):
     return new
 
 
+def gather_records(new, rank, world):
+    """Rank 0: every rank's records of this round, in rank order; the other ranks: []. One process: new as is."""
+    if world == 1:
+        return new
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(new, gathered, dst=0)
+    return [r for part in gathered for r in part] if rank == 0 else []
+
+
 @torch.no_grad()
 def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, prompt_style="d1", shots=(), seed=0,
              log_every=0, done=None, on_batch=None):
@@ -681,10 +692,7 @@ def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, 
         generators = batch_generators(options, seed, idx or [0], device)
         out = generate_with_options(raw, prompt.to(device), attention_mask.to(device), options, generators)
         new = graded_records(tokenizer, task, items, idx, out[:, prompt.shape[1]:], seed, done)  # (B, gen_length)
-        if world > 1:  # rank 0 gathers every round, so that it can stream them
-            gathered = [None] * world if rank == 0 else None
-            dist.gather_object(new, gathered, dst=0)
-            new = [r for part in gathered for r in part] if rank == 0 else []
+        new = gather_records(new, rank, world)  # every round, so that rank 0 can stream them
         records += new
         generated += len(idx) * options.gen_length
         if rank == 0 and on_batch and new:
@@ -942,7 +950,7 @@ def evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch
     sampler = ("exact" if o.exact else f"cache {o.cache or 'none'}, threshold {o.threshold}, cache refresh "
                f"{o.cache_refresh}, cache drift {o.cache_drift}")
     if o.sampler == "dream":
-        sampler = f"Dream's diffusion_generate, alg {o.alg}, alg_temp {o.alg_temp}, top_p {o.top_p}, top_k {o.top_k}"
+        sampler = f"Dream's own, alg {o.alg}, alg_temp {o.alg_temp}, eps {o.eps}, top_p {o.top_p}, top_k {o.top_k}"
     for seed in args.seeds:
         if rank == 0:
             print(f"{args.task}: {len(items)} items, seed {seed}, gen_length {o.gen_length}, steps {o.steps}, "

@@ -20,9 +20,13 @@ command lines make one flag of each.
 diffusion_generate() is Dream-v0's own sampler (github.com/HKUNLP/Dream, generation_utils.py), token for token with
 the official diffusion_generate: its algorithms origin, maskgit_plus, topk_margin and entropy over the whole answer,
 and the same random draws from an explicit generator.
+generate() and generate_cached() also sample Dream, the paper's evaluation protocol for it (block 32, low-confidence
+remasking, Appendix C): Dream's logits at position i - 1 predict token i, so the samplers read each position's
+prediction one position to the left, as Dream's generation code shifts its logits (guided_logits).
 
     python sample.py --model DIR [--adapter DIR] --prompt "..." [--gen-length 128 --steps 128 --block-length 32]
     python sample.py --model DIR --prompt "..." --cache dual --cache-refresh 2 --threshold 0.995   # the fast sampler
+    python sample.py --model DREAM_DIR --prompt "..." --sampler dream --alg entropy --steps 128   # Dream's own
 """
 
 import argparse
@@ -104,8 +108,8 @@ class SamplerOptions:
 
     @property
     def exact(self):
-        """True when these options ask for the exact sampler, generate() (no cache, no threshold)."""
-        return self.cache is None and self.threshold is None
+        """True when these options ask for the exact block sampler, generate() (no cache, no threshold)."""
+        return self.sampler == "block" and self.cache is None and self.threshold is None
 
 
 def uniforms(shape, generator, device, dtype=None):
@@ -205,7 +209,8 @@ def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, m
     the wrapper, so that DDP / FSDP see a forward.
     A model that predicts shifted (Dream: model.predicts_shifted) has its states moved one position right
     (shift_right, as its official generation moves its logits), and a left-padded batch gets Dream's official
-    positions (padded_positions); LLaDA's are used as they are, with positions 0 .. L - 1, as its official sampler.
+    positions (padded_positions: RoPE is relative and the pads are invisible, so they change only the rounding, and
+    give the official numbers); LLaDA's are used as they are, positions 0 .. L - 1, as its official sampler does.
     kv_cache, span (cached samplers): an empty list is filled with the keys and values of this forward; with a
     filled one and span = (s, e), only positions s .. e - 1 run (eligible must lie inside them). attn_rows:
     (qs, qe, rows), the model's probe (LLaDA.forward) of the queries at positions qs .. qe - 1 of the sequence.
@@ -236,6 +241,26 @@ def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, m
     B = len(eligible)
     logits, un_logits = head(torch.cat([h[:B][eligible[:, s:e]], h[B:][eligible[:, s:e]]], dim=0)).chunk(2, dim=0)
     return un_logits + (cfg_scale + 1) * (logits - un_logits)
+
+
+def candidates(logits, x, eligible, temperature, remasking, generator):
+    """The eligible positions' candidate tokens and their confidence, drawn as the official loop draws them:
+    logits (N, V) at the eligible positions of x (B, L) -> x0 (B, L), x with the candidates in (the official
+    torch.where(mask_index, x0, x)), and confidence (B, L), -inf where nothing may change.
+
+    A candidate is the argmax, or the Gumbel-max if temperature > 0: the (N, V) uniforms are drawn over the official
+    (B, L, V), 8 bytes each as there, so that one RNG state gives the official tokens. Its confidence is its
+    probability (low_confidence, in the logits' dtype) or, remasking "random", a (B, L) float32 uniform, as the
+    official code draws it."""
+    (B, L), V = x.shape, logits.shape[-1]
+    u = uniforms((B, L, V), generator, x.device, torch.float64)[eligible] if temperature else None
+    x0 = torch.argmax(add_gumbel_noise(logits, temperature, u), dim=-1)  # (N,)
+    if remasking == "low_confidence":
+        x0_p = low_confidence(logits, x0)  # (N,)
+    else:
+        x0_p = uniforms((B, L), generator, x.device)[eligible]  # (N,)
+    confidence = torch.full((B, L), float("-inf"), dtype=x0_p.dtype, device=x.device)
+    return x.masked_scatter(eligible, x0), confidence.masked_scatter(eligible, x0_p)
 
 
 def check_prompt(prompt, attention_mask, where):
@@ -291,7 +316,10 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
     (B, prompt_len + gen_length), prompt included.
 
     model: called as model(x, attention_mask=..., return_hidden=True) -> (B, L, D), with the LM head at
-        getattr(model, "module", model).head; put it in eval mode first (LoRA dropout).
+        getattr(model, "module", model).head; put it in eval mode first (LoRA dropout). A Dream model
+        (model.predicts_shifted) is sampled the same way, each token read from the logits that predict it (position
+        i - 1), with Dream's official positions for a padded batch: the official LLaDA loop run on Dream's logits
+        shifted as its generation code shifts them (tests/test_dream_cli.py).
     prompt: (B, P) token ids; left-pad a batch of prompts and give attention_mask (B, P), 0 on the pads.
     steps: sampling steps in all, split evenly over the gen_length / block_length blocks.
     block_length < gen_length: semi-autoregressive, one block at a time, left to right.
@@ -308,8 +336,7 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
     check_generate_args(prompt, attention_mask, steps, gen_length, block_length, remasking, generator)
     x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
     prompt_index = x != mask_id  # what CFG masks: every non-mask token at the start, left pads included
-    B, L = x.shape
-    positions = torch.arange(L, device=x.device)
+    positions = torch.arange(x.shape[1], device=x.device)  # (L,)
 
     num_blocks = gen_length // block_length
     steps = steps // num_blocks  # per block, as in the official code
@@ -323,20 +350,8 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
             # change (masks left in earlier blocks included), so the LM head runs only there
             eligible = mask_index & (positions < block_end)  # (B, L)
             logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id)  # (N, V)
-
-            # candidates: argmax, or Gumbel-max if temperature > 0. The (N, V) uniforms are drawn over the official
-            # (B, L, V), 8 bytes each as there, so that one RNG state gives the official tokens
-            V = logits.shape[-1]
-            u = uniforms((B, L, V), generator, x.device, torch.float64)[eligible] if temperature else None
-            x0 = torch.argmax(add_gumbel_noise(logits, temperature, u), dim=-1)  # (N,)
-            # their confidence; random remasking draws (B, L) float32 uniforms, as the official code
-            if remasking == "low_confidence":
-                x0_p = low_confidence(logits, x0)  # (N,), in the logits' dtype
-            else:
-                x0_p = uniforms((B, L), generator, x.device)[eligible]  # (N,)
-            x0 = x.masked_scatter(eligible, x0)  # (B, L), the official torch.where(mask_index, x0, x)
-            confidence = torch.full((B, L), float("-inf"), dtype=x0_p.dtype, device=x.device)
-            confidence = confidence.masked_scatter(eligible, x0_p)  # (B, L), -inf where nothing may change
+            # candidates and their confidence, drawn as the official loop draws them
+            x0, confidence = candidates(logits, x, eligible, temperature, remasking, generator)  # (B, L) each
 
             # the k most confident positions take their candidates (the official transfer_index); a candidate
             # equal to mask_id leaves its position masked, and eligible again at the next step, as officially
@@ -385,6 +400,23 @@ def rebuild_rows(model, x, attention_mask, prompt_index, cfg_scale, mask_id, kv_
         k[idx], v[idx] = k_new, v_new
 
 
+def check_cached_args(o, prompt, attention_mask, generator):
+    """generate_cached's checks, before any forward pass: its options' lengths set, generate()'s checks, and the
+    cache's refresh and drift."""
+    if None in (o.gen_length, o.steps, o.block_length):
+        raise ValueError(f"sample.py generate_cached: options.gen_length ({o.gen_length}), steps ({o.steps}) and "
+                         f"block_length ({o.block_length}) must be set; e.g. SamplerOptions(gen_length=128, steps=128, "
+                         "block_length=32, cache='dual')")
+    check_generate_args(prompt, attention_mask, o.steps, o.gen_length, o.block_length, o.remasking, generator, o.cache,
+                        o.threshold, where="generate_cached")
+    if o.cache_refresh is not None and (o.cache is None or not isinstance(o.cache_refresh, int) or o.cache_refresh < 1):
+        raise ValueError(f"sample.py generate_cached: cache_refresh={o.cache_refresh!r}; a whole number of steps >= 1, "
+                         "with a cache")
+    if o.cache_drift is not None and (o.cache is None or not 0 < o.cache_drift <= 1):
+        raise ValueError(f"sample.py generate_cached: cache_drift={o.cache_drift!r}; a cosine similarity in (0, 1], "
+                         "with a cache")
+
+
 @torch.no_grad()
 def generate_cached(model, prompt, attention_mask=None, options=None, generator=None, mask_id=None,
                     refresh_cache_every_step=False):
@@ -397,19 +429,8 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
         are the exact sampler's; no speed-up).
     """
     o = options or SamplerOptions()
-    if None in (o.gen_length, o.steps, o.block_length):
-        raise ValueError(f"sample.py generate_cached: options.gen_length ({o.gen_length}), steps ({o.steps}) and "
-                         f"block_length ({o.block_length}) must be set; e.g. SamplerOptions(gen_length=128, steps=128, "
-                         "block_length=32, cache='dual')")
+    check_cached_args(o, prompt, attention_mask, generator)
     mask_id = getattr(model, "module", model).config.mask_token_id if mask_id is None else mask_id
-    check_generate_args(prompt, attention_mask, o.steps, o.gen_length, o.block_length, o.remasking, generator, o.cache,
-                        o.threshold, where="generate_cached")
-    if o.cache_refresh is not None and (o.cache is None or not isinstance(o.cache_refresh, int) or o.cache_refresh < 1):
-        raise ValueError(f"sample.py generate_cached: cache_refresh={o.cache_refresh!r}; a whole number of steps >= 1, "
-                         "with a cache")
-    if o.cache_drift is not None and (o.cache is None or not 0 < o.cache_drift <= 1):
-        raise ValueError(f"sample.py generate_cached: cache_drift={o.cache_drift!r}; a cosine similarity in (0, 1], "
-                         "with a cache")
     x, attention_mask = append_masks(prompt, attention_mask, o.gen_length, mask_id)  # (B, L), (B, L) or None
     prompt_index = x != mask_id
     B, L = x.shape
@@ -446,18 +467,7 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
                 built = torch.full((B,), full, device=x.device) if drifted is None or full else drifted
                 drifted, tracked, reference = attention_drift(attn, built, tracked, reference, o.cache_drift,
                                                               block_start)
-
-            # candidates and their confidence, drawn as in generate()
-            V = logits.shape[-1]
-            u = uniforms((B, L, V), generator, x.device, torch.float64)[eligible] if o.temperature else None
-            x0 = torch.argmax(add_gumbel_noise(logits, o.temperature, u), dim=-1)  # (N,)
-            if o.remasking == "low_confidence":
-                x0_p = low_confidence(logits, x0)  # (N,)
-            else:
-                x0_p = uniforms((B, L), generator, x.device)[eligible]  # (N,)
-            x0 = x.masked_scatter(eligible, x0)  # (B, L)
-            confidence = torch.full((B, L), float("-inf"), dtype=x0_p.dtype, device=x.device)
-            confidence = confidence.masked_scatter(eligible, x0_p)
+            x0, confidence = candidates(logits, x, eligible, o.temperature, o.remasking, generator)  # as generate()
 
             # generate()'s k most confident positions, or (threshold) every position above it and at least the
             # most confident one
@@ -549,6 +559,24 @@ def dream_num_transfer(mask_index, t, s, last):
     return int(m) if last else int(m * (1 - s / t))
 
 
+def maskgit_step(x, mask_index, confidence, x0, k, alg_temp, generator, mask_id):
+    """One step of Dream's MaskGIT-style algorithms, x (B, L) changed in place: each row's k most confident masks
+    take their candidates x0 (N,), or with alg_temp > 0 k masks drawn from softmax(confidence / alg_temp) without
+    replacement. confidence (N,): each mask's score (dream_confidence), row-major as mask_index (B, L) lists them."""
+    if k == 0:
+        return  # the official loop skips the draw too
+    scores = torch.full(x.shape, float("-inf"), dtype=confidence.dtype, device=x.device)
+    scores[mask_index] = confidence  # (B, L), -inf off the masks
+    if not alg_temp:  # None or 0: the k most confident
+        idx = torch.topk(scores, k).indices  # (B, k)
+    else:
+        idx = torch.multinomial(F.softmax(scores / alg_temp, dim=-1), k, generator=generator)  # (B, k)
+    # a row with fewer than k masks also takes k positions, official behaviour kept: its extra ones are -inf
+    # positions off the masks, and they are set to the mask id (only when rows have unequal mask counts)
+    proposed = torch.full_like(x, mask_id).masked_scatter(mask_index, x0)  # (B, L)
+    x.scatter_(1, idx, proposed.gather(1, idx))
+
+
 def check_dream_args(model, prompt, attention_mask, max_new_tokens, steps, eps, alg, alg_temp, temperature, top_p,
                      top_k, generator):
     """diffusion_generate's argument checks, before any forward pass."""
@@ -609,7 +637,6 @@ def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, s
                      generator)
     mask_id, head = raw.config.mask_token_id, raw.head
     x = F.pad(prompt, (0, max_new_tokens), value=mask_id)  # (B, L), L = P + max_new_tokens
-    B, L = x.shape
     if attention_mask is not None:
         attention_mask = F.pad(attention_mask, (0, max_new_tokens), value=1)  # (B, L): the answer is attended to
     position_ids = padded_positions(attention_mask)  # (B, L), or None without a pad
@@ -631,19 +658,8 @@ def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, s
             continue
 
         probs, x0 = sample_tokens(head(h), temperature, top_p, top_k, generator)  # (N, V), (N,)
-        confidence = torch.full((B, L), float("-inf"), dtype=probs.dtype, device=x.device)
-        confidence[mask_index] = dream_confidence(probs, x0, alg)  # (B, L), -inf off the masks
-        k = dream_num_transfer(mask_index, t, s, last)
-        if k == 0:
-            continue
-        if not alg_temp:  # None or 0: the k most confident
-            idx = torch.topk(confidence, k).indices  # (B, k)
-        else:
-            idx = torch.multinomial(F.softmax(confidence / alg_temp, dim=-1), k, generator=generator)  # (B, k)
-        # a row with fewer than k masks also takes k positions, official behaviour kept: its extra ones are -inf
-        # positions off the masks, and they are set to the mask id (only when rows have unequal mask counts)
-        candidates = torch.full_like(x, mask_id).masked_scatter(mask_index, x0)  # (B, L)
-        x.scatter_(1, idx, candidates.gather(1, idx))
+        maskgit_step(x, mask_index, dream_confidence(probs, x0, alg), x0, dream_num_transfer(mask_index, t, s, last),
+                     alg_temp, generator, mask_id)
     return x
 
 
@@ -696,6 +712,10 @@ def check_sampler_choice(args, o, folder):
     """--sampler against the other flags and the model, once the folder's settings are in `o`: a flag of the sampler
     not chosen is refused, and Dream's sampler on a model that is not Dream. A ValueError in one line."""
     from model import LLaDAConfig  # the command lines' own; reads config.json only, not the weights
+    if o.sampler not in SAMPLERS:  # a flag's choice is argparse's; this is the model folder's
+        raise ValueError(f"{Path(folder) / 'generation_defaults.json'}: sampler {o.sampler!r}; expected one of "
+                         f"{SAMPLERS}")
+    check_sampler_options(o)  # the folder's values too
     unread = [n for n in (BLOCK_ONLY if o.sampler == "dream" else DREAM_ONLY) if getattr(args, n) is not None]
     if unread:
         flags = " ".join("--" + n.replace("_", "-") for n in unread)

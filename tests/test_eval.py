@@ -177,6 +177,21 @@ def test_plain_prompt_is_the_embedded_task_prompt():
     assert E.build_prompt("sudoku", sudoku, "plain") == data.chat_prompt(data.sudoku_messages("3102200002100320"))
 
 
+def test_d1_prompt_in_dreams_chat_format():
+    """A Dream model (its tokenizer has ChatML's tokens) gets the same user turn in ChatML, after Qwen2.5's default
+    system turn, and d1's "<reasoning>" after the assistant header; the plain prompt is the embedded task's in
+    ChatML."""
+    import data
+    item = dict(question="Numbers: [49, 55, 53]\nTarget: 51", numbers=[49, 55, 53], target=51)
+    assert E.build_prompt("countdown", item, fmt="chatml") == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n" + E.CTD_SYSTEM_PROMPT
+        + "\n\nNumbers: [49, 55, 53]\nTarget: 51<|im_end|>\n<|im_start|>assistant\n<reasoning>")
+    sudoku = dict(question=E.SUDOKU_QUESTION.format(puzzle="3102200002100320"))
+    assert E.build_prompt("sudoku", sudoku, "plain", fmt="chatml") == data.chat_prompt(
+        data.sudoku_messages("3102200002100320"), "chatml")
+    assert data.chat_format(data.make_char_tokenizer(family="dream")) == "chatml"
+
+
 def test_few_shot_format():
     shots = [dict(question="What is 2+2?", gold=4.0, reasoning="2 + 2 = 4.")]
     text = E.build_prompt("gsm8k", dict(question="What is 3+3?"), shots=shots)
@@ -679,7 +694,7 @@ def test_the_sampler_flags_are_declared_once():
     eval_flags, sample_flags = sampler_flags(E.make_parser()), sampler_flags(sample.make_parser())
     assert list(eval_flags) == list(sample_flags) == names and eval_flags == sample_flags
     assert {"gen_length", "steps", "block_length", "temperature", "cache", "threshold", "cache_refresh",
-            "cache_drift"} <= set(names)
+            "cache_drift", "sampler", "alg", "alg_temp", "eps", "top_p", "top_k"} <= set(names)
     assert eval_flags["cache"][0] == ["--cache"] and eval_flags["cache"][2] == ("none", "prefix", "dual")
     assert all(help_ for *_, help_ in eval_flags.values())
 
@@ -692,6 +707,12 @@ BAD_SAMPLER_FLAGS = [
     (["--temperature", "-1"], "--temperature -1.0: must be 0 (greedy) or more"),
     (["--cfg-scale", "-1"], "--cfg-scale -1.0: must be 0 (off) or more"),
     (["--remasking", "high"], "invalid choice: 'high'"),
+    (["--sampler", "fast"], "invalid choice: 'fast'"),
+    (["--alg", "greedy"], "invalid choice: 'greedy'"),
+    (["--alg-temp", "-1"], "--alg-temp -1.0: must be 0 (off) or more"),
+    (["--eps", "1"], "--eps 1.0: the reverse process's last time, in (0, 1)"),
+    (["--top-p", "1.5"], "--top-p 1.5: a probability in (0, 1]"),
+    (["--top-k", "0"], "--top-k 0: must be at least 1"),
 ]
 
 

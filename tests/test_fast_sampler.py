@@ -265,7 +265,8 @@ def test_attention_probs_are_what_the_fused_kernel_weighs_the_values_with():
     from model import attention_probs
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 3, 8, generator=g, dtype=torch.float64)  # (B, H, S, hd)
-    k, v = torch.randn(2, 2, 2, 6, 8, generator=g, dtype=torch.float64)  # (B, Hkv, L, hd) each: kv head j serves 2j, 2j+1
+    # (B, Hkv, L, hd) each: kv head j serves query heads 2j, 2j + 1
+    k, v = torch.randn(2, 2, 2, 6, 8, generator=g, dtype=torch.float64)
     key_mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]], dtype=torch.bool)[:, None, None, :]
     p = attention_probs(q, k, key_mask)  # (B, H, S, L)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, enable_gqa=True)
