@@ -5,13 +5,17 @@ bit, and two processes equal to one."""
 
 import json
 import math
+import os
 import shutil
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import GOLDEN, latest, metrics, train_args
+from conftest import GOLDEN, REPO, latest, metrics, train_args
 from safetensors.torch import load_file
-from test_resume import assert_same_weights, computed, preempt
+from test_resume import assert_same_weights, computed, preempt, wait_for_records
 from test_train import torchrun
 
 import gift
@@ -155,3 +159,31 @@ def test_dream_two_processes_equal_one(dream_base, tmp_path, mode):
     for ra, rb in zip(metrics(one), metrics(two)):
         for key in ("loss", "grad_norm", "masked_fraction", "beta_mean", "beta_std"):
             assert ra[key] == pytest.approx(rb[key], rel=1e-4), key
+
+
+def test_dream_two_processes_sigterm_then_resume_equal_an_unstopped_run(dream_base, tmp_path):
+    """Full fine-tuning of Dream under FSDP2 over 2 processes, in bf16: SIGTERM to torchrun after a few steps; the
+    resumed run equals an unstopped one bit for bit (weights and metrics)."""
+    extra = ("--loss", "gift", "--dtype", "bfloat16", "--schedule", "constant", "--warmup-steps", "0", "--epochs",
+             "1000", "--save-every", "1000")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(REPO / "gift.py")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen(cmd + train_args(dream_base, stopped, *extra, batch_size=1), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_records(stopped, 2, proc)
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert "preempted by SIGTERM" in output, output[-3000:]
+    steps = str(int(latest(stopped).name.split("-")[1]) + 2)
+    for out, flags in ((stopped, ("--resume",)), (tmp_path / "straight", ())):
+        result = subprocess.run(cmd + train_args(dream_base, out, *extra, "--max-steps", steps, *flags, batch_size=1),
+                                env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    name = "model/model.safetensors"
+    assert_same_weights(load_file(latest(tmp_path / "straight") / name), load_file(latest(stopped) / name))
+    assert computed(metrics(tmp_path / "straight"), ["total_steps"]) == computed(metrics(stopped), ["total_steps"])
