@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +44,10 @@ ROLES = ("system", "user", "assistant")
 FORMATS = ("messages", "prompt-response", "s1k", "s1k-1.1")
 ENCODE_CHUNK = 2048  # rows tokenized per encode_batch call: parallel in Rust, bounded memory for big files
 MAX_BAD_ROWS_KEPT = 10  # error messages of skipped rows kept in the stats for the log
+# a line is read at most this far (or 64 x the characters that could fit max_len tokens, if more) before it is dropped
+# as too long unread: rows carry fields no format reads (s1K's other trajectories), so a line's bytes bound its text
+# only loosely; this keeps a line with no end (a file without line breaks) from being held whole
+MAX_LINE_BYTES = 64 << 20
 
 # d1 / wd1's instruction before each s1K question (github.com/dllm-reasoning/d1, SFT/sft_trainer.py; a test checks it)
 SFT_SYSTEM_PROMPT = ("\nRespond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n"
@@ -508,6 +513,113 @@ def parse_row(row, fmt):
     raise ValueError(f"unknown data format {fmt!r}; choose one of {FORMATS} or 'auto'")
 
 
+def max_token_chars(tokenizer):
+    """The most characters one token can stand for: its vocabulary's longest entry (added tokens included), times 4
+    when the tokenizer normalizes text first (NFC composes at most 4 code points into one, e.g. U+1F87). A text of
+    more than max_len x this many characters cannot fit max_len tokens of a tokenizer that keeps every character
+    (LLaDA's and Dream's byte-level BPE: each token spells at most its own length in bytes; the character-level one),
+    so load_dataset drops it without tokenizing it (20 MB of text cost ~8 GB in the tokenizer)."""
+    longest = max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1)
+    return longest * (4 if tokenizer.normalizer is not None else 1)
+
+
+def _lines(f, limit):
+    """(line number, bytes, whole) for each line of the binary file f: a line longer than `limit` bytes (None: no
+    limit) is cut there (whole False) and the rest of it skipped, never held in memory."""
+    line_no = 0
+    while True:
+        line_no += 1
+        raw = f.readline() if limit is None else f.readline(limit + 1)
+        if not raw:
+            return
+        whole = limit is None or len(raw) <= limit or raw.endswith(b"\n")
+        rest = raw
+        while not rest.endswith(b"\n") and rest and not whole:  # skip to the next line break
+            rest = f.readline(1 << 20)
+        yield line_no, raw, whole
+
+
+def _file_kind(path):
+    """What a path that is not a regular file is, in words."""
+    mode = path.stat().st_mode
+    return next((kind for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                                         (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                                         (stat.S_ISSOCK, "a socket")) if test(mode)), "something else")
+
+
+def _wrong_encoding(head):
+    """What the first bytes of a data file say of its encoding when it cannot be UTF-8 JSONL (None otherwise): a UTF-16
+    or UTF-32 byte order mark, or zero bytes in the places UTF-16 or UTF-32 puts them beside ASCII characters (UTF-8
+    JSON never holds a zero byte)."""
+    for bom, name in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+                      (b"\xfe\xff", "UTF-16")):
+        if head.startswith(bom):
+            return f"starts with a {name} byte order mark", name
+    if b"\x00" not in head:
+        return None
+    zeros = [head[k::4].count(0) / max(len(head[k::4]), 1) for k in range(4)]  # at each position modulo 4
+    if min(zeros[1:]) > 0.9 or min(zeros[:3]) > 0.9:
+        return ("looks like UTF-32 (three bytes of every four are 0)",
+                "UTF-32LE" if min(zeros[1:]) > 0.9 else "UTF-32BE")
+    odd, even = (zeros[1] + zeros[3]) / 2, (zeros[0] + zeros[2]) / 2
+    if max(odd, even) > 0.3 and min(odd, even) < 0.05:
+        return ("looks like UTF-16 (every other byte is 0) without a byte order mark",
+                "UTF-16LE" if odd > even else "UTF-16BE")
+    return None
+
+
+def _cr_only(raw):
+    """Whether a line's bytes hold line breaks of CR alone (classic Mac files: the whole file reads as one line)."""
+    return re.search(rb"\r[ \t]*[^\s]", raw) is not None
+
+
+def check_data_file(path, fmt):
+    """load_dataset's checks before any row is read: the format's name, a regular file (a FIFO or /dev/zero would
+    block or never end), UTF-8 (not UTF-16 / UTF-32, which read as invalid JSON). Returns the Path."""
+    path = Path(path)
+    if fmt != "auto" and fmt not in FORMATS:
+        raise ValueError(f"unknown data format {fmt!r}; choose one of {FORMATS} or 'auto'")
+    if not path.exists():
+        raise FileNotFoundError(f"data file {path} not found (expected JSONL: one JSON object per line)")
+    if not path.is_file():
+        raise ValueError(f"data file {path} is not a regular file but {_file_kind(path)}; expected a JSONL file on "
+                         "disk")
+    with open(path, "rb") as f:
+        wrong = _wrong_encoding(f.read(1 << 16))
+    if wrong:
+        raise ValueError(f"data file {path} is not UTF-8: it {wrong[0]}; JSONL must be UTF-8 (convert it, e.g. "
+                         f"iconv -f {wrong[1]} -t UTF-8 {path.name} > {path.stem}.utf8.jsonl)")
+    return path
+
+
+def check_cr_only(path, line_no, raw):
+    """A first line with CR breaks inside and no LF: the whole file reads as one line. ValueError for the file."""
+    if line_no == 1 and not raw.endswith(b"\n") and _cr_only(raw):
+        raise ValueError(f"data file {path}: its lines end in CR only (\\r, classic Mac line breaks), so it reads "
+                         "as one line; JSONL lines end in LF or CRLF (convert it, e.g. tr '\\r' '\\n')") from None
+
+
+def read_row(path, line_no, raw, fmt):
+    """One JSONL line (bytes) -> (messages, answer, its format): fmt, or detected from the row when None (the first
+    good row fixes the format of the file). BadRow when the line is not UTF-8, not JSON, nested too deep to read,
+    or not a row of the format."""
+    try:
+        line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")  # a BOM is accepted
+    except UnicodeDecodeError as e:
+        raise BadRow(None, f"not UTF-8 (byte {e.start + 1} of the line)") from None
+    try:
+        row = json.loads(line)
+        fmt = fmt or detect_format(row)
+        return (*parse_row(row, fmt), fmt)
+    except json.JSONDecodeError as e:
+        check_cr_only(path, line_no, raw)
+        raise BadRow(None, f"invalid JSON ({e.msg}, column {e.colno})"
+                     + ("; the line holds CR (\\r) line breaks" if _cr_only(raw) else "")) from None
+    except RecursionError:  # JSON nested deeper than the parser's recursion limit (or its repr)
+        raise BadRow(None, "nested too deeply to read (a Python RecursionError); a row is an object of strings and "
+                           "lists of turns") from None
+
+
 def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False):
     """Read a JSONL file into training examples.
 
@@ -517,11 +629,11 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
     truncated; max_len=None keeps all). The format is fmt, or with fmt="auto" detected from the first good row.
     A bad row raises DataError (file, line, field) unless skip_bad_rows, which skips and counts it instead.
     Blank lines are ignored."""
-    path = Path(path)
-    if fmt != "auto" and fmt not in FORMATS:
-        raise ValueError(f"unknown data format {fmt!r}; choose one of {FORMATS} or 'auto'")
-    if not path.is_file():
-        raise FileNotFoundError(f"data file {path} not found (expected JSONL: one JSON object per line)")
+    path = check_data_file(path, fmt)
+    # the most characters a row's text may hold and still fit max_len tokens (max_token_chars): longer rows are
+    # dropped without being tokenized, longer lines without being read
+    max_chars = None if max_len is None else max_len * max_token_chars(tokenizer)
+    max_bytes = None if max_len is None else max(MAX_LINE_BYTES, 64 * max_chars)
     stats = dict(path=str(path), format=None if fmt == "auto" else fmt, rows=0, examples=0, tokens=0,
                  skipped_bad_rows=0, dropped_too_long=0, bad_rows=[])
     examples, pending, pending_lines = [], [], []
@@ -551,26 +663,25 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
             stats["tokens"] += len(ids)
 
     with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad row, not the end of the file
-        for line_no, raw in enumerate(f, start=1):
+        for line_no, raw, whole in _lines(f, max_bytes):
             if not raw.strip():
                 continue
             stats["rows"] += 1
+            if not whole:  # more than max_bytes: it cannot fit max_len tokens
+                check_cr_only(path, line_no, raw)
+                stats["dropped_too_long"] += 1
+                continue
             try:
-                try:
-                    line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")  # a BOM is accepted
-                except UnicodeDecodeError as e:
-                    raise BadRow(None, f"not UTF-8 (byte {e.start + 1} of the line)") from None
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise BadRow(None, f"invalid JSON ({e.msg}, column {e.colno})") from None
-                row_fmt = stats["format"] or detect_format(row)
-                pending.append(parse_row(row, row_fmt))
-                pending_lines.append(line_no)
-                stats["format"] = row_fmt  # the first good row fixes the format of the file
+                messages, answer, stats["format"] = read_row(path, line_no, raw, stats["format"])
             except BadRow as bad:
                 bad_row(line_no, bad)
                 continue
+            if max_chars is not None and (sum(len(m["content"].strip()) for m in messages) + len(answer.strip())
+                                          > max_chars):  # cannot fit max_len tokens: not worth tokenizing
+                stats["dropped_too_long"] += 1
+                continue
+            pending.append((messages, answer))
+            pending_lines.append(line_no)
             if len(pending) == ENCODE_CHUNK:
                 flush()
     flush()

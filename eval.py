@@ -38,10 +38,11 @@ import torch
 import torch.distributed as dist
 
 from data import chat_format, chat_prompt, check_mask_token, encode, load_tokenizer, unencodable_characters
-from model import (LLaDA, compute_dtype, end_distributed, find_model, generation_defaults, load_adapter, lock_file,
-                   merge_lora, run_command_line, setup_distributed)
-from sample import (SamplerOptions, add_sampler_flags, check_sampler_choice, check_sampler_options,
-                    generate_with_options, options_from_flags)
+from model import (GENERATION_DEFAULTS, LLaDA, compute_dtype, end_distributed, folder_fingerprint,
+                   generation_defaults, lock_file, merge_lora, run_command_line, setup_distributed)
+from sample import (SamplerOptions, add_sampler_flags, check_adapter, check_sampler_choice, check_sampler_options,
+                    check_step_count, folder_defaults, generate_with_options, load_weights, locate_model,
+                    options_from_flags)
 
 # -----------------------------------------------------------------------------
 # Protocol constants (d1, github.com/dllm-reasoning/d1, eval/{gsm8k,math500,countdown,sudoku}.py, commit 837888f).
@@ -90,14 +91,32 @@ PROMPT_STYLES = ("d1", "plain")  # plain: the question alone, nothing after the 
 # grader needs; GSM8K / MATH500 items also carry the worked solution ("reasoning") for few-shot examples.
 
 
+class DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs):
+    """json.loads' object_pairs_hook: an object, refusing a key given twice (json.loads keeps the last silently)."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
 def _jsonl_rows(path):
-    """(line number, object) for each non-blank line; a bad line raises naming the file and line."""
+    """(line number, object) for each non-blank line; a bad line (invalid JSON, not an object, a key given twice)
+    raises naming the file and line."""
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(line, object_pairs_hook=_unique_keys)
+            except DuplicateKey as e:
+                raise ValueError(f"{path}, line {line_no}: the key {e.args[0]!r} is given twice (which one is "
+                                 "meant?)") from None
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}, line {line_no}: invalid JSON ({e.msg}, column {e.colno})") from None
             if not isinstance(row, dict):
@@ -170,9 +189,10 @@ def sudoku_subset(n_rows, k=SUDOKU_SUBSET, seed=SUDOKU_SUBSET_SEED):
 
 def load_sudoku(path, subset=True):
     """Sudoku CSV with header Puzzle,Solution: 16-character strings read as text (leading zeros matter), 0 = blank.
-    subset=True keeps d1's 256 puzzles in d1's order."""
+    subset=True keeps d1's 256 puzzles in d1's order. A spreadsheet's UTF-8 byte order mark and CRLF line ends are
+    read as training reads them (utf-8-sig)."""
     rows = []
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.DictReader(f)
         if not reader.fieldnames or not {"Puzzle", "Solution"} <= set(reader.fieldnames):
             raise ValueError(f"{path}, line 1: expected a header with columns Puzzle,Solution, got {reader.fieldnames}")
@@ -740,9 +760,24 @@ def evaluate_embedded(heldout, checkpoint, seed, device):
 # The command line: streaming, resumable results
 
 
+FINGERPRINTS = ("model_fingerprint", "adapter_fingerprint")  # of the weights the records were generated with
+
+
+def adapter_fingerprint(folder):
+    """sha256 (16 hex digits) of a LoRA adapter folder's adapter_config.json and adapter_model.safetensors, whole
+    (an adapter is small beside its base): records made with another adapter at the same path are told apart."""
+    h = hashlib.sha256()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        h.update(name.encode() + (Path(folder) / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def read_records(path, settings):
     """The graded records already in `path` (JSON lines), after a check that they were made with `settings`. A torn
-    last line (a kill in mid-write) is cut off the file. {(seed, index): record}."""
+    last line (a kill in mid-write) is cut off the file. {(seed, index): record}.
+    The weights' fingerprints (FINGERPRINTS) must match too: the same model path retrained gives other generations.
+    A record written before they were recorded (no such field) is accepted, the paths and the data's hash alone
+    checked, as then."""
     if not path.exists():
         return {}
     records, good_bytes = {}, 0
@@ -755,8 +790,19 @@ def read_records(path, settings):
             if n == len(lines):  # torn by a kill: drop it, the batch is generated again
                 break
             raise ValueError(f"{path}, line {n}: not a JSON record; move the file away to start over")
-        changed = {k: (record.get("settings", {}).get(k), v) for k, v in settings.items()
-                   if record.get("settings", {}).get(k) != v}
+        if not (isinstance(record, dict) and isinstance(record.get("settings"), dict)
+                and {"seed", "index"} <= record.keys()):
+            raise ValueError(f"{path}, line {n}: not an eval.py records file (a record has seed, index and "
+                             "settings); --out names the summary .json, and its .jsonl beside it must be eval.py's: "
+                             "use another --out")
+        old = record["settings"]
+        for k in FINGERPRINTS:
+            if k in old and k in settings and old[k] != settings[k]:
+                what = "model" if k == "model_fingerprint" else "adapter"
+                raise SystemExit(f"eval.py: {path} holds generations of another {what}: fingerprint {old[k]} in the "
+                                 f"file, {settings.get(k)} now ({settings[what]}: replaced or retrained since); use "
+                                 "another --out, or delete the file to start over")
+        changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v and k not in FINGERPRINTS}
         if changed:
             what = ", ".join(f"{k} {old!r} in the file, {new!r} now" for k, (old, new) in changed.items())
             raise SystemExit(f"eval.py: {path} holds generations made with other settings ({what}); use another "
@@ -828,6 +874,9 @@ def parse_args(argv=None):
         p.error(str(e))
     if len(set(args.seeds)) < len(args.seeds):
         p.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once (the std is over distinct runs)")
+    for seed in args.seeds:  # an item's noise comes from seed * 1_000_003 + index (item_generator): 64 bits
+        if not -2 ** 40 < seed < 2 ** 40:
+            p.error(f"--seeds {seed}: too large for the items' generators; a seed in (-2**40, 2**40), e.g. 0")
     return p, args
 
 
@@ -837,11 +886,15 @@ def resolve_model(p, args):
     style, the sampler's options), else d1's protocol; the options checked. Sets args.folder, .adapter, .data,
     .prompt_style, .options."""
     try:
-        args.folder, adapter = find_model(args.model)
-        defaults = generation_defaults(args.folder)
+        args.folder, adapter = locate_model(args.model)
+        defaults = folder_defaults(args.folder)
+        args.adapter = args.adapter or adapter
+        check_adapter(args.folder, args.adapter)  # a merged export with its own adapter, an adapter on another base
     except (FileNotFoundError, ValueError) as e:
         p.error(str(e))
-    args.adapter = args.adapter or adapter
+    if defaults.get("prompt_style") not in (None,) + PROMPT_STYLES:
+        p.error(f"{args.folder / GENERATION_DEFAULTS}: field 'prompt_style' = {defaults['prompt_style']!r}: expected "
+                f"one of {PROMPT_STYLES}")
     defaults = defaults if defaults.get("task") in (None, args.task) else {}  # the folder's own task's settings
     if args.data is None:
         if not defaults.get("test_data"):
@@ -851,6 +904,7 @@ def resolve_model(p, args):
     o = d1_options(options_from_flags(args, defaults), args.task)  # a flag, else the folder's, else d1's protocol
     try:
         check_sampler_choice(args, o, args.folder)
+        check_step_count(o, given=args.steps is not None)
     except ValueError as e:
         p.error(str(e))
     if o.sampler == "block" and o.block_length > o.gen_length:
@@ -859,6 +913,27 @@ def resolve_model(p, args):
         p.error(f"--gen-length {o.gen_length} must be a multiple of --block-length {o.block_length}, and --steps "
                 f"{o.steps} a multiple of the number of blocks {o.gen_length // max(o.block_length, 1)}")
     args.options = o
+
+
+def seed_free(args):
+    """True when the generations cannot depend on the seed: no few-shot draw, and a sampler that draws nothing
+    (the block sampler greedy with low-confidence remasking; Dream's greedy with a confidence-ordered alg, no
+    alg_temp)."""
+    o = args.options
+    if args.shots or o.temperature > 0:
+        return False
+    if o.sampler == "dream":
+        return o.alg != "origin" and not o.alg_temp  # origin draws which masks to unmask even when greedy
+    return o.remasking == "low_confidence"
+
+
+def warn_seed_free(args, rank):
+    """Rank 0: one line when --seeds names several seeds that all give the same generations (seed_free): the runs
+    repeat one evaluation and their std of 0 measures nothing. They still run (the summary lists each seed)."""
+    if len(args.seeds) > 1 and seed_free(args) and rank == 0:
+        print(f"eval.py: warning: --seeds {' '.join(map(str, args.seeds))}: greedy decoding with {args.shots} shots "
+              "draws nothing from the seed, so every seed repeats the same evaluation and the std over them is 0 by "
+              "construction; sample with --temperature > 0, or use --shots, for a spread", flush=True)
 
 
 def open_output(p, args):
@@ -908,6 +983,7 @@ def run_settings(args, dtype):
     """What the generations depend on, stored with every record: a rerun continues a file only with the same."""
     o = args.options
     settings = dict(task=args.task, model=os.path.abspath(args.folder),
+                    model_fingerprint=folder_fingerprint(args.folder),
                     adapter=args.adapter and os.path.abspath(args.adapter), data=os.path.abspath(args.data),
                     data_sha256=hashlib.sha256(Path(args.data).read_bytes()).hexdigest()[:16],
                     gen_length=o.gen_length, steps=o.steps, block_length=o.block_length, batch_size=args.batch_size,
@@ -919,6 +995,8 @@ def run_settings(args, dtype):
                  remasking=None if o.remasking == "low_confidence" else o.remasking)
     if o.sampler == "dream":  # Dream's sampler reads none of the block sampler's options, and its own
         extra = dict(sampler=o.sampler, alg=o.alg, alg_temp=o.alg_temp, eps=o.eps, top_p=o.top_p, top_k=o.top_k)
+    if args.adapter:
+        extra["adapter_fingerprint"] = adapter_fingerprint(args.adapter)
     return settings | {k: v for k, v in extra.items() if v}
 
 
@@ -936,9 +1014,8 @@ def graded_before(records_path, settings):
 
 def load_model(args, device, dtype):
     """The model in eval mode, its LoRA adapter merged in (one weight per layer: faster sampling, same function)."""
-    model = LLaDA.from_pretrained(args.folder, dtype=dtype, device=device)
+    model = load_weights(args.folder, args.adapter, dtype, device)
     if args.adapter:
-        load_adapter(model, args.adapter)
         merge_lora(model.to(device))
     return model.eval()
 
@@ -984,6 +1061,7 @@ def report(args, settings, n_items, runs, out, records_path):
 def main(argv=None):
     p, args = parse_args(argv)
     resolve_model(p, args)
+    warn_seed_free(args, int(os.environ.get("RANK", "0")))
     out, records_path, lock = open_output(p, args)  # all checked before the model loads
     try:
         rank, world, device = setup_distributed()  # torchrun's processes; a plain `python eval.py` is one

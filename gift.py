@@ -336,8 +336,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data import (EMBEDDED_EVAL, FORMATS, data_fingerprint, describe_embedded, embedded_task, load_dataset,
                   load_tokenizer, special_ids, tiny_config_for)
-from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, add_lora, atomic_write_text, end_distributed,
-                   folder_fingerprint, from_pretrained, load_weight_rows, lora_disabled, lora_layers,
+from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, add_lora, atomic_write_text, check_config_against_weights,
+                   end_distributed, folder_fingerprint, from_pretrained, load_weight_rows, lora_disabled, lora_layers,
                    parse_dataclass_flags, setup_distributed, stored_dtype, tensors_fingerprint)
 
 DTYPES = ("auto", "bfloat16", "float32")
@@ -642,7 +642,7 @@ def gift_star_betas(model, inputs, path, pad_to, batch_size, beta_power, device,
     key = dict(inputs.fingerprints, beta_power=beta_power, length=length)
     if path.exists():
         try:
-            cache = torch.load(path)
+            cache = torch.load(path, weights_only=True)  # no code runs from a file in --out
             if cache.get("key") == key and cache["betas"].shape == (len(examples), length):
                 return cache["betas"]
             print0(f"{path}: computed for other data, another base model or other settings; recomputing")
@@ -909,12 +909,22 @@ class RunInputs:
     resolved: dict = None  # what "auto" options resolved to (dtype, data_format): --resume compares these
 
 
+# what an exported model folder needs from the base folder besides its config and weights: the tokenizer, the
+# generation settings, the embedded task's held-out puzzles, and the official code that trust_remote_code runs (LLaDA's
+# and Dream's). Only these: anything else there (a pytorch_model.bin: 16 GB) would be copied into every checkpoint.
+EXPORTED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+            "added_tokens.json", "chat_template.jinja", "generation_config.json", GENERATION_DEFAULTS,
+            EMBEDDED_EVAL["test_data"], "modeling_*.py", "configuration_*.py", "generation_utils.py",
+            "tokenization_*.py")
+
+
 def load_inputs(opts, rank, dtype):
     """The base model (LoRA: loaded in `dtype`; full fine-tuning: on the meta device, filled after sharding), its
     tokenizer and the tokenised data, or the embedded task. Prints the data's summary."""
     if not opts.model:
         return embedded_inputs(opts, rank, dtype)
     config = LLaDAConfig.from_json(Path(opts.model) / "config.json")
+    check_config_against_weights(opts.model, config)  # from the safetensors headers, before anything is built
     if opts.max_len > config.max_sequence_length:  # longer than the base was trained on
         print0(f"warning: --max-len {opts.max_len} exceeds the model's max_sequence_length "
                f"{config.max_sequence_length} ({Path(opts.model) / 'config.json'}); using "
@@ -933,8 +943,7 @@ def load_inputs(opts, rank, dtype):
         with torch.device("meta"):
             model = LLaDA(config)
     fingerprints = dict(data, model=folder_fingerprint(opts.model))
-    files = [f for f in Path(opts.model).iterdir() if f.is_file() and not f.name.endswith(".safetensors")
-             and f.name not in ("config.json", "model.safetensors.index.json")]
+    files = [f for f in sorted(Path(opts.model).iterdir()) if f.is_file() and any(f.match(p) for p in EXPORTED)]
     export = Export(dtype=save_dtype(opts.save_dtype, stored_dtype(opts.model)), files=files, base_name=opts.model,
                     merged=opts.save_merged)
     return RunInputs(model, tokenizer, examples, pad_id, fingerprints, export,
@@ -1101,6 +1110,10 @@ def step_micro_batches(examples, step_indices, epoch, rank, world, micro_batch, 
 # CheckpointManager: save, validate, resume, fall back, rotate); the metrics log; main().
 # =====================================================================================================================
 
+import ctypes
+import hashlib
+import io
+import pickle
 import re
 import shutil
 import signal
@@ -1110,10 +1123,12 @@ import warnings
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
-from model import lock_file, merged_state_dict, run_command_line, save_adapter
+from model import hash_weight_samples, lock_file, merged_state_dict, run_command_line, save_adapter
 
 
 class RunError(RuntimeError):
@@ -1174,6 +1189,7 @@ def on_rank0(fn):
 # The output folder: one run per folder, never overwritten by accident; preemption; status.json for a requeue script
 
 RUN_FILES = ("checkpoints", "latest", "metrics.jsonl", "ref_betas.pt")  # what a run writes into --out
+CHECKPOINT_PARTS = ("train_state", "trainer.json", "loop_state.pt", "model", "adapter", "merged")  # in step-N/
 
 
 def lock_folder(out):
@@ -1220,11 +1236,15 @@ def claim_output_folder(out, resume, overwrite):
 
 def not_ours(out):
     """What --overwrite would delete in `out` that a gift.py run did not write: anything in checkpoints/ other than
-    step-N folders (and their .tmp), a symbolic link, a `latest` or metrics.jsonl that is not ours."""
+    step-N folders (and their .tmp) holding a checkpoint's parts only, a symbolic link, a `latest` or metrics.jsonl
+    that is not ours."""
     foreign = [str(out / name) for name in RUN_FILES if (out / name).is_symlink()]
     if (out / "checkpoints").is_dir() and not (out / "checkpoints").is_symlink():
-        foreign += [str(p) for p in (out / "checkpoints").iterdir()
-                    if p.is_symlink() or not p.is_dir() or not re.fullmatch(r"step-\d{7}(\.tmp)?", p.name)]
+        for p in (out / "checkpoints").iterdir():
+            if p.is_symlink() or not p.is_dir() or not re.fullmatch(r"step-\d{7}(\.tmp)?", p.name):
+                foreign.append(str(p))
+            else:  # a folder named like ours, holding a user's files
+                foreign += [str(f) for f in p.iterdir() if f.is_symlink() or f.name not in CHECKPOINT_PARTS]
     if (out / "latest").is_file() and not re.fullmatch(r"step-\d{7}\n?", (out / "latest").read_text()[:64]):
         foreign.append(str(out / "latest"))
     if (out / "metrics.jsonl").is_file():
@@ -1235,65 +1255,127 @@ def not_ours(out):
     return foreign
 
 
+class StatusFile:
+    """<out>/status.json, for a requeue script: {"state": running | done | preempted | interrupted | failed,
+    "checkpoint": the latest's absolute path, "step": its step, ...}. Rank 0 writes it. One that cannot be written is
+    said once (a requeue script would read a stale state), and never hides the run's own error."""
+
+    def __init__(self, out):
+        self.out, self.warned = Path(out).absolute(), False
+
+    def write(self, state, **extra):
+        latest = self.out / "latest"
+        try:
+            named = re.fullmatch(r"step-(\d+)", latest.read_text().strip()) if latest.is_file() else None
+            status = dict(state=state, checkpoint=named and str(self.out / "checkpoints" / named.group(0)),
+                          step=int(named.group(1)) if named else 0, pid=os.getpid(),
+                          time=time.strftime("%Y-%m-%dT%H:%M:%S"))
+            atomic_write_text(self.out / "status.json", json.dumps(dict(status, **extra)) + "\n")
+        except (OSError, ValueError) as e:
+            if not self.warned:
+                self.warned = True
+                print(f"warning: cannot write {self.out / 'status.json'} ({type(e).__name__}: {e}); a requeue script "
+                      "reading it sees an old state", file=sys.stderr, flush=True)
+
+
+def stopped_state(signum):
+    """status.json's state after a signal: Ctrl-C is a person's interruption, the others a cluster's preemption."""
+    return "interrupted" if signum == signal.SIGINT else "preempted"
+
+
 class Preemption:
-    """SIGTERM or SIGUSR1 (what Slurm and most clusters send some seconds before they kill a job; torchrun passes the
-    signal it gets on to its workers and kills them 30 s later): remember it. The loop finishes its step, writes a
-    checkpoint and exits with status 128 + the signal's number. A second signal ends the process at once."""
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    """SIGTERM or SIGUSR1 (what Slurm and most clusters send some seconds before they kill a job), or SIGINT (Ctrl-C):
+    remember it; the loop finishes its step, writes a checkpoint and exits with 128 + the signal's number (status.json:
+    preempted, or interrupted for SIGINT). Before the loop's first step (the set-up, minutes for an 8B base) and at a
+    second signal there is no checkpoint to wait for: status.json says so and the process exits at once. A second
+    signal within REPEAT_S of the first is the same notice arriving twice (Slurm signals every process of a job step,
+    and torchrun passes the signal on to its workers too): it changes nothing.
+    torchrun starts its workers in sessions of their own and passes SIGTERM and SIGINT on to them, but dies of SIGUSR1
+    and leaves them running: a worker whose launcher dies gets SIGTERM from the kernel (PR_SET_PDEATHSIG), and
+    `pending` also sees a changed parent."""
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+    REPEAT_S = 2.0
+
+    def __init__(self, status=None):
+        self.status = status  # rank 0's StatusFile; None on the other ranks
+        self.signum, self.since, self.previous, self.looping, self.parent = 0, 0.0, {}, False, None
 
     def __enter__(self):
-        self.signum, self.previous = 0, {}
         if threading.current_thread() is threading.main_thread():  # Python runs handlers in the main thread only
             self.previous = {s: signal.signal(s, self.handle) for s in self.SIGNALS}
+            if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker
+                self.parent = os.getppid()
+                die_with_parent(signal.SIGTERM)
         return self
 
     def handle(self, signum, frame):
-        if self.signum:  # the second signal: no checkpoint
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-        self.signum = signum
+        if self.signum and time.monotonic() - self.since < self.REPEAT_S:  # the same notice, twice
+            return
+        if self.signum or not self.looping:  # a second signal, or one during the set-up: no checkpoint to wait for
+            self.exit_now(signum)
+        self.signum, self.since = signum, time.monotonic()
         os.write(2, f"{signal.Signals(signum).name}: finishing this step, then a checkpoint and exit "
                     "(send it again to exit at once)\n".encode())
+
+    def exit_now(self, signum):
+        """Record the stop in status.json (rank 0) and die of `signum`: exit status 128 + signum, no traceback."""
+        name = signal.Signals(signum).name
+        if self.status:
+            self.status.write(stopped_state(signum), exit_code=128 + signum, signal=name)
+        os.write(2, f"{name}: exiting now without a checkpoint; --resume continues from the last one\n".encode())
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    def pending(self):
+        """The signal to stop for after this step, or 0; a torchrun worker whose launcher is gone stops as if sent
+        SIGTERM."""
+        if not self.signum and self.parent is not None and os.getppid() != self.parent:
+            print(f"the launcher (pid {self.parent}) is gone: stopping as if sent SIGTERM", file=sys.stderr)
+            self.signum = signal.SIGTERM
+        return self.signum
 
     def __exit__(self, *exc):
         for s, handler in self.previous.items():
             signal.signal(s, handler)
 
 
+def die_with_parent(signum):
+    """Linux: the kernel sends this process `signum` when its parent dies (prctl PR_SET_PDEATHSIG); elsewhere nothing
+    (Preemption.pending still sees the parent go)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signum))  # 1 = PR_SET_PDEATHSIG
+
+
 @contextlib.contextmanager
 def run_folder(out, resume, overwrite):
     """The run's output folder, claimed for the run's life: rank 0 locks it (claim_output_folder), every rank catches
     the preemption signals (the Preemption it yields, which train reads), and <out>/status.json tells a requeue
-    script how the run stands: running, then done, preempted (resume it) or failed, with the last checkpoint."""
+    script how the run stands: running, then done, preempted (resume it), interrupted (Ctrl-C) or failed, with the
+    last checkpoint."""
     setup_distributed()
     lock = on_rank0(lambda: claim_output_folder(out, resume, overwrite))
+    status = StatusFile(out) if is_rank0() else None
     try:
-        on_rank0(lambda: write_status(out, "running"))
-        with Preemption() as preemption:
-            yield preemption
-        on_rank0(lambda: write_status(out, "done"))
-    except SystemExit as e:  # train's exit after a preemption checkpoint (128 + the signal)
-        if is_rank0():
-            write_status(out, "preempted" if isinstance(e.code, int) and e.code > 128 else "failed", exit_code=e.code)
-        raise
-    except BaseException as e:
-        if is_rank0():
-            write_status(out, "failed", error=f"{type(e).__name__}: {e}")
-        raise
+        with Preemption(status) as preemption:  # its handlers stay until the final state is written
+            try:
+                if status:
+                    status.write("running")
+                yield preemption
+                if status:
+                    status.write("done")
+            except SystemExit as e:  # train's exit after a preemption checkpoint (128 + the signal)
+                if status:
+                    code = e.code if isinstance(e.code, int) else 1
+                    status.write(stopped_state(code - 128) if code > 128 else "failed", exit_code=e.code)
+                raise
+            except BaseException as e:
+                if status:
+                    status.write("failed", error=f"{type(e).__name__}: {e}")
+                raise
     finally:
         if lock is not None:
             lock.close()  # releases the flock
-
-
-def write_status(out, state, **extra):
-    """<out>/status.json: {"state": running | done | preempted | failed, "checkpoint": the latest, "step": its step}."""
-    latest = out / "latest"
-    with contextlib.suppress(OSError, ValueError):  # a status file that cannot be written must not hide the run's error
-        named = re.fullmatch(r"step-(\d+)", latest.read_text().strip()) if latest.is_file() else None
-        status = dict(state=state, checkpoint=named and str(out / "checkpoints" / named.group(0)),
-                      step=int(named.group(1)) if named else 0, pid=os.getpid(),
-                      time=time.strftime("%Y-%m-%dT%H:%M:%S"))
-        atomic_write_text(out / "status.json", json.dumps(dict(status, **extra)) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1354,6 +1436,9 @@ class CheckpointManager:
     def __init__(self, opts, world, inputs, preemption):
         self.opts, self.world, self.inputs, self.preemption = opts, world, inputs, preemption
         self.out = Path(opts.out)
+        if opts.model:  # the base folder file by file, so that --resume can say which file changed
+            inputs.fingerprints["files"] = file_fingerprints(opts.model)
+        check_same_inputs(inputs.fingerprints)
         self.candidates = broadcast_object(on_rank0(lambda: resume_candidates(self.out))) if opts.resume else []
         if self.candidates:
             check_resumable(self.out / "checkpoints" / self.candidates[0], opts, world, inputs)
@@ -1397,6 +1482,7 @@ class CheckpointManager:
         if opts.resume:
             on_rank0(lambda: truncate_metrics(out / "metrics.jsonl", state.step))
         state.total_steps = total_steps
+        self.preemption.looping = True  # from here a signal waits for the step's end and a checkpoint
         return state, unlogged
 
     def stretch_schedule(self, state, total_steps):
@@ -1412,13 +1498,13 @@ class CheckpointManager:
     def step_done(self, state, unlogged, epoch_done):
         """After each optimizer step (every rank): a checkpoint when one is due or any rank caught a preemption
         signal; after a preemption's checkpoint, exit with 128 + the signal."""
-        signum = all_reduce_max(self.preemption.signum, self.device)
+        signum = all_reduce_max(self.preemption.pending(), self.device)
         every = self.opts.save_every
         if (every and state.step % every == 0) or (not every and epoch_done) or state.step == state.total_steps \
                 or signum:
             self.save_step(state, unlogged)
         if signum:
-            print0(f"preempted by {signal.Signals(signum).name} at step {state.step}: checkpoint "
+            print0(f"{stopped_state(signum)} by {signal.Signals(signum).name} at step {state.step}: checkpoint "
                    f"{self.out / 'checkpoints' / state.checkpoints[-1]} written; resume with --resume")
             raise SystemExit(128 + signum)
 
@@ -1448,12 +1534,27 @@ class CheckpointManager:
         save_checkpoint(self.model, self.optimizer, out / "checkpoints" / name, trainer, loop_state, opts.lora,
                         self.inputs.export)
         if is_rank0():
-            write_status(out, "running")  # with the checkpoint a kill -9 would resume from
-            for old in ours[:-opts.keep_last]:  # renamed first: a kill in mid-delete leaves a .tmp start-up removes
-                doomed = out / "checkpoints" / (old + ".tmp")
-                if (out / "checkpoints" / old).exists():
-                    os.replace(out / "checkpoints" / old, doomed)
-                shutil.rmtree(doomed, ignore_errors=True)
+            if self.preemption.status:
+                self.preemption.status.write("running")  # with the checkpoint a kill -9 would resume from
+            for old in ours[:-opts.keep_last]:
+                delete_checkpoint(out / "checkpoints" / old)
+
+
+def delete_checkpoint(folder):
+    """Rotation's delete of an old checkpoint of this run: renamed to .tmp first (a kill in mid-delete leaves a .tmp
+    that start-up removes), then removed. One that cannot be deleted (a read-only folder in it) is left whole, said
+    once, and no longer this run's to rotate."""
+    if not folder.exists():
+        return
+    parts = [folder.parent, folder] + [d for d in folder.rglob("*") if d.is_dir() and not d.is_symlink()]
+    locked = [d for d in parts if not os.access(d, os.W_OK)]
+    if locked:
+        print(f"warning: cannot delete the old checkpoint {folder} ({locked[0]} is read-only): kept; delete it "
+              "yourself when you no longer need it", file=sys.stderr, flush=True)
+        return
+    doomed = folder.with_name(folder.name + ".tmp")
+    os.replace(folder, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 @dataclass
@@ -1519,6 +1620,53 @@ def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, e
     barrier()
 
 
+# Reading a checkpoint runs no code from it. torch.distributed.checkpoint's FileSystemReader unpickles
+# train_state/.metadata with pickle.load, and its load planner reads the non-tensor values (the optimizer's settings)
+# with torch.load(weights_only=False): a pickle planted in either would run its code at --resume. These read them as
+# torch.load(weights_only=True) reads weights: only what a checkpoint's metadata is made of is built.
+
+METADATA_CLASSES = {("torch.distributed.checkpoint.metadata", name) for name in (
+    "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+    "TensorProperties", "_MEM_FORMAT_ENCODING")} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict")}
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    """pickle.Unpickler that builds only METADATA_CLASSES and torch's dtypes."""
+
+    def find_class(self, module, name):
+        if (module, name) in METADATA_CLASSES or (module == "torch" and isinstance(getattr(torch, name, None),
+                                                                                   torch.dtype)):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which is no part of a checkpoint's metadata (refused: "
+                                     "unpickling it could run code)")
+
+
+class CheckpointReader(dcp.FileSystemReader):
+    """FileSystemReader whose read_metadata builds train_state/.metadata with MetadataUnpickler."""
+
+    def read_metadata(self, *args, **kwargs):
+        with open(self._get_metadata_path(kwargs.get("rank")), "rb") as f:
+            metadata = MetadataUnpickler(f).load()
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class CheckpointLoadPlanner(DefaultLoadPlanner):
+    """DefaultLoadPlanner whose non-tensor values are read by torch.load(weights_only=True); the planner is given
+    them back as a pickle of what that built."""
+
+    def load_bytes(self, read_item, value):
+        safe = io.BytesIO()
+        torch.save(torch.load(value, weights_only=True), safe)
+        safe.seek(0)
+        super().load_bytes(read_item, safe)
+
+
 def checkpoint_problem(ckpt):
     """Why checkpoint folder `ckpt` cannot be resumed from, or None: a missing part, an unreadable trainer.json, or a
     train_state shard shorter than its metadata says (a truncated copy)."""
@@ -1533,9 +1681,10 @@ def checkpoint_problem(ckpt):
     except (ValueError, KeyError, TypeError) as e:
         return f"trainer.json is unreadable ({type(e).__name__}: {e})"
     try:
-        storage = dcp.FileSystemReader(str(ckpt / "train_state")).read_metadata().storage_data
-    except Exception as e:  # any unpickling error
-        return f"train_state/.metadata is unreadable ({type(e).__name__})"
+        storage = CheckpointReader(str(ckpt / "train_state")).read_metadata().storage_data
+    except Exception as e:  # any unpickling error, a refused class included
+        detail = f": {e}" if isinstance(e, pickle.UnpicklingError) else ""
+        return f"train_state/.metadata is unreadable ({type(e).__name__}{detail})"
     for info in storage.values():
         shard = ckpt / "train_state" / info.relative_path
         if not shard.is_file() or shard.stat().st_size < info.offset + info.length:
@@ -1584,16 +1733,52 @@ def check_resumable(ckpt, opts, world, inputs):
     if differ:
         raise ValueError(f"--resume: {ckpt} was written with different options (saved, now): {differ}")
     then = meta["fingerprints"]
+    base = opts.model or "the embedded task"
+    if "files" in then and "files" in fingerprints:  # file by file (older checkpoints: the whole folder's fingerprint)
+        changed = [f"{name} (fingerprint {then['files'].get(name)} then, {fingerprints['files'].get(name)} now)"
+                   for name in sorted(then["files"].keys() | fingerprints["files"].keys())
+                   if then["files"].get(name) != fingerprints["files"].get(name)]
+        if changed:
+            raise ValueError(f"--resume: the base model changed since {ckpt}: its {', '.join(changed)} in {base}; "
+                             "resume with the original base, or start over with --overwrite")
+    elif then["model"] != fingerprints["model"]:
+        raise ValueError(f"--resume: the base model changed since {ckpt}: fingerprint {then['model']} then, "
+                         f"{fingerprints['model']} now ({base}); resume with the original base, or start over with "
+                         "--overwrite")
     if then["data"] != fingerprints["data"]:
         raise ValueError(f"--resume: the training data changed since {ckpt}: {then['examples']} examples (fingerprint "
                          f"{then['data']}) then, {fingerprints['examples']} ({fingerprints['data']}) now from "
                          f"{opts.data or 'the embedded task'}; resume with the original data, or start over with "
                          "--overwrite")
-    if then["model"] != fingerprints["model"]:
-        raise ValueError(f"--resume: the base model changed since {ckpt}: fingerprint {then['model']} then, "
-                         f"{fingerprints['model']} now ({opts.model or 'the embedded task'}); resume with the original "
-                         "base, or start over with --overwrite")
     return meta
+
+
+def file_fingerprints(folder):
+    """The base folder's fingerprint file by file, for --resume to name the file that changed: config.json and the
+    tokenizer (tokenizer.json, or a slow tokenizer's vocab.json and merges.txt) by content (JSON parsed and dumped
+    canonically: a reformatted file is the same file), the weights by model.folder_fingerprint's samples."""
+    folder, prints = Path(folder), {}
+    for name in ("config.json", "tokenizer.json", "vocab.json", "merges.txt"):
+        if (folder / name).is_file():
+            data = (folder / name).read_bytes()
+            if name.endswith(".json"):
+                with contextlib.suppress(ValueError):  # not JSON: its bytes
+                    data = json.dumps(json.loads(data), sort_keys=True, separators=(",", ":")).encode()
+            prints[name] = hashlib.sha256(data).hexdigest()[:16]
+    prints["weights"] = hash_weight_samples(hashlib.sha256(), folder).hexdigest()[:16]  # as model.folder_fingerprint
+    return prints
+
+
+def check_same_inputs(fingerprints):
+    """Every rank reads the data and the base model itself: refuse to train when they differ between ranks (a file
+    changed while the ranks read it, a node with another copy), naming the ranks and their fingerprints."""
+    every = gather_objects({k: fingerprints.get(k) for k in ("data", "examples", "model", "files")})
+    for key, what in (("data", "training data"), ("model", "base model"), ("files", "base model")):
+        if any(f[key] != every[0][key] for f in every):
+            seen = "; ".join(f"rank {r}: {f[key]}" + (f" ({f['examples']} examples)" if key == "data" else "")
+                             for r, f in enumerate(every))
+            raise RunError(f"the ranks read different {what} ({seen}): every rank must read the same --data and "
+                           "--model (the same files on every node)")
 
 
 def load_checkpoint(model, optimizer, scheduler, ckpt, lora):
@@ -1602,7 +1787,7 @@ def load_checkpoint(model, optimizer, scheduler, ckpt, lora):
     model_sd, optim_sd = get_state_dict(model, optimizer, options=sd_opts)
     state = {"model": model_sd, "optim": optim_sd}
     with quiet_single_process_dcp():
-        dcp.load(state, checkpoint_id=str(ckpt / "train_state"))
+        dcp.load(state, storage_reader=CheckpointReader(str(ckpt / "train_state")), planner=CheckpointLoadPlanner())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=sd_opts)
     loop_state = torch.load(ckpt / "loop_state.pt", weights_only=True)

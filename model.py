@@ -17,6 +17,7 @@ the head may be the embedding matrix (weight_tying, Dream's tie_word_embeddings)
 predict token i (config.predicts_shifted), which forward() leaves to the caller, as the official model does.
 """
 
+import collections
 import contextlib
 import dataclasses
 import fcntl
@@ -180,6 +181,15 @@ class LLaDAConfig:
             if self.extra.get(name, want) != want:
                 raise ValueError(f"{source}: field {name!r} = {self.extra[name]!r} is not supported (this "
                                  f"implementation computes the Dream-v0 architecture, {name} = {want!r})")
+        # the two real numbers the forward uses: a value that would make every loss NaN is refused here, by name
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 1):
+            raise ValueError(f"{source}: field {n('rope_theta')!r} = {self.rope_theta} must be a finite number greater "
+                             "than 1 (RoPE's base: the frequencies theta^(-2i/head_dim) fall with i; LLaDA-8B's is "
+                             "500000, Dream-v0's 1000000)")
+        if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps >= torch.finfo(torch.float32).tiny):
+            raise ValueError(f"{source}: field {n('rms_norm_eps')!r} = {self.rms_norm_eps} must be a finite positive "
+                             "number (RMSNorm's epsilon, added in float32, so at least 1.2e-38; LLaDA-8B's is 1e-05, "
+                             "Dream-v0's 1e-06)")
         if self.multi_query_attention and self.n_kv_heads != 1:
             raise ValueError(f"{source}: multi_query_attention is true but n_kv_heads = {self.n_kv_heads}")
         if self.d_model % self.n_heads or self.n_heads % self.n_kv_heads:
@@ -474,14 +484,15 @@ class LLaDA(nn.Module):
     @classmethod
     def from_pretrained(cls, path, dtype=None, device=None):
         """Read config.json and model.safetensors or the shards of model.safetensors.index.json, LLaDA's or Dream's
-        (config.json's model_type; the keys renamed to ours by config.module_name).
+        (config.json's model_type; the keys renamed to ours by config.module_name). config.json is checked against
+        the safetensors headers first (check_config_against_weights), so a config that lies builds nothing.
         The module is built on the meta device and filled shard by shard, so peak memory is about one copy
         of the weights. dtype None keeps the stored dtype (bf16 for the real 8B checkpoint)."""
         path = Path(path)
         config = LLaDAConfig.from_json(path / "config.json")
+        shards = check_config_against_weights(path, config)  # before anything is built: config.json may lie
         with torch.device("meta"):
             model = cls(config)
-        shards = check_weight_files(path, model)
         device = str(torch.device(device)) if device is not None else "cpu"
         for shard in shards:
             with open_weights(shard, device=device) as f:
@@ -590,26 +601,95 @@ def checkpoint_keys(config, keys):
     return {config.checkpoint_name(k): k for k in keys if not (config.weight_tying and k == TIED_HEAD)}
 
 
-def check_weight_files(path, model):
-    """Names (the checkpoint's) and shapes of the safetensors of folder `path` against `model` (on any device, meta
-    included), checked before any data is read, so that a bad checkpoint fails at once. Returns the files."""
-    state = model.state_dict()
-    expected = {name: tuple(state[k].shape) for name, k in checkpoint_keys(model.config, state).items()}
-    shards = weight_files(path)
-    found = {}
+def weight_headers(path):
+    """(files, {checkpoint key: (shape, file name)}) of the safetensors of folder `path`, from their headers alone."""
+    shards, found = weight_files(path), {}
     for shard in shards:
         with open_weights(shard) as f:
             for key in f.keys():
                 found[key] = (tuple(f.get_slice(key).get_shape()), shard.name)
+    return shards, found
+
+
+def compare_weights(path, expected, found, against="the config"):
+    """Refuse checkpoint keys and shapes `found` (weight_headers) that are not `expected` ({key: shape})."""
     missing = sorted(set(expected) - set(found))
     unexpected = sorted(set(found) - set(expected))
     wrong = sorted(f"{k}: checkpoint {found[k][0]} ({found[k][1]}) vs model {expected[k]}"
                    for k in set(found) & set(expected) if found[k][0] != expected[k])
     if missing or unexpected or wrong:
-        raise ValueError(f"checkpoint {path} does not match the config:"
+        raise ValueError(f"checkpoint {path} does not match {against}:"
                          + (f"\n  missing keys: {missing}" if missing else "")
                          + (f"\n  unexpected keys: {unexpected}" if unexpected else "")
                          + (f"\n  shape mismatches: {wrong}" if wrong else ""))
+
+
+def check_weight_files(path, model):
+    """Names (the checkpoint's) and shapes of the safetensors of folder `path` against `model` (on any device, meta
+    included), checked before any data is read, so that a bad checkpoint fails at once. Returns the files."""
+    state = model.state_dict()
+    shards, found = weight_headers(path)
+    compare_weights(path, {name: tuple(state[k].shape) for name, k in checkpoint_keys(model.config, state).items()},
+                    found)
+    return shards
+
+
+def expected_tensors(config):
+    """{checkpoint key: shape} of the tensors a checkpoint of `config` holds, from the config alone (no module is
+    built): what LLaDA(config).state_dict() holds, in the family's names, a tied head left out."""
+    D, hd, M, E = config.d_model, config.head_dim, config.mlp_hidden_size, config.embedding_size
+    q, kv = config.n_heads * hd, config.n_kv_heads * hd
+    block = dict(attn_norm=(D,), q_proj=(q, D), k_proj=(kv, D), v_proj=(kv, D), attn_out=(D, D), ff_norm=(D,),
+                 ff_proj=(M, D), up_proj=(M, D), ff_out=(D, M))
+    shapes = {"model.transformer.wte.weight": (E, D)}
+    for i in range(config.n_layers):
+        for name, shape in block.items():
+            shapes[f"model.transformer.blocks.{i}.{name}.weight"] = shape
+        if config.include_qkv_bias:
+            shapes.update({f"model.transformer.blocks.{i}.{n}.bias": (rows,)
+                           for n, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv))})
+    shapes.update({"model.transformer.ln_f.weight": (D,), TIED_HEAD: (E, D)})
+    return {name: shapes[k] for name, k in checkpoint_keys(config, shapes).items()}
+
+
+def check_config_against_weights(folder, config):
+    """config.json (`config`, read from folder `folder`) against the headers of the folder's safetensors, before
+    anything is built: a config.json that does not describe its weights (n_layers 10^6 would build blocks for
+    minutes, d_model 10^9 exhaust the memory) fails at once, naming config.json and the field. First the sizes the
+    headers show (the number of blocks, the embedding's rows and width, the MLP's and k_proj's rows), then every
+    name and shape (expected_tensors). Returns the safetensors files."""
+    folder = Path(folder)
+    shards, found = weight_headers(folder)
+    source, n, name = folder / "config.json", config.json_name, config.checkpoint_name
+
+    def refuse(fields, key, what):
+        values = ", ".join(f"{n(f)!r} = {getattr(config, f)}" for f in fields)
+        raise ValueError(f"{source}: field{'s' * (len(fields) > 1)} {values} {what}, but {found[key][1]} holds {key} "
+                         f"of shape {found[key][0]}: config.json does not describe these weights (it belongs to "
+                         "another model?)")
+
+    # the blocks' indices in the file: a count check first, so that a huge n_layers builds no list of names
+    probe = name("model.transformer.blocks.7.attn_norm.weight")  # the family's prefix of block 7's names
+    prefix = probe[:probe.index(".7.") + 1]
+    keys = collections.Counter(int(m.group(1)) for m in map(re.compile(re.escape(prefix) + r"(\d+)\.").match, found)
+                               if m)  # {block index: its tensors in the file}
+    indices, whole = sorted(keys), 9 + 3 * config.include_qkv_bias  # a whole block's tensors
+    # fewer blocks than n_layers, or more, each of them whole (a stray key is left to the full comparison below)
+    if len(indices) < config.n_layers or len(indices) > config.n_layers and set(keys.values()) == {whole}:
+        held = f"{len(indices)} blocks, {prefix}{indices[0]} .. {indices[-1]}" if indices else "no block"
+        raise ValueError(f"{source}: field {n('n_layers')!r} = {config.n_layers}, but the weights hold {held}: "
+                         "config.json does not describe these weights (it belongs to another model?)")
+    wte, kp, fp = (name(k) for k in ("model.transformer.wte.weight", "model.transformer.blocks.0.k_proj.weight",
+                                     "model.transformer.blocks.0.ff_proj.weight"))
+    if wte in found and found[wte][0][1:] != (config.d_model,):
+        refuse(["d_model"], wte, "(the model width, the embedding's columns)")
+    if wte in found and found[wte][0][:1] != (config.embedding_size,):
+        refuse(["vocab_size" if config.model_type == "Dream" else "embedding_size"], wte, "(the embedding's rows)")
+    if fp in found and found[fp][0] != (config.mlp_hidden_size, config.d_model):
+        refuse(["mlp_hidden_size"], fp, "(the MLP's width)")
+    if kp in found and found[kp][0] != (config.n_kv_heads * config.head_dim, config.d_model):
+        refuse(["n_kv_heads", "n_heads", "d_model"], kp, "(k_proj's rows: n_kv_heads x d_model / n_heads)")
+    compare_weights(folder, expected_tensors(config), found, against=source)  # every other name and shape
     return shards
 
 
@@ -1072,6 +1152,12 @@ def folder_fingerprint(folder):
     for name in ("config.json",) + tokenizer:
         if (folder / name).is_file():
             h.update(name.encode() + (folder / name).read_bytes())
+    return hash_weight_samples(h, folder).hexdigest()[:16]
+
+
+def hash_weight_samples(h, folder):
+    """Feed the hash `h` each safetensors file of `folder`: its name and size, its header (names, dtypes, shapes) and
+    WEIGHT_SAMPLES evenly spaced samples of its data. Returns h."""
     for path in weight_files(folder):
         size = path.stat().st_size
         h.update(f"{path.name} {size}".encode())
@@ -1082,7 +1168,7 @@ def folder_fingerprint(folder):
             for k in range(WEIGHT_SAMPLES):
                 f.seek(start + k * max(size - start, 0) // WEIGHT_SAMPLES)
                 h.update(f.read(WEIGHT_SAMPLE_BYTES))
-    return h.hexdigest()[:16]
+    return h
 
 
 def tensors_fingerprint(model):

@@ -30,6 +30,9 @@ prediction one position to the left, as Dream's generation code shifts its logit
 """
 
 import argparse
+import json
+import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
@@ -69,7 +72,9 @@ class SamplerOptions:
     cache_refresh: N = a step that is a multiple of N within the block (0, N, 2N, ...) runs the full forward and
         rebuilds the cache, as the block's first step does; the others read it. None = only the block's first step
         (Fast-dLLM). With one block spanning the whole answer, the prompt's keys and values are otherwise never
-        recomputed after the answer tokens decoded since; N = 1 runs every step in full (the exact tokens).
+        recomputed after the answer tokens decoded since. N = 1 runs every step in full: the exact sampler's tokens
+        as long as every block ends fully unmasked (a candidate equal to the mask token leaves its position masked;
+        the exact sampler offers such a position again in the later blocks, a cached step only the current block's).
     cache_drift: gamma in (0, 1]: an adaptive refresh, Elastic-Cache's drift test (attention_drift), row by row:
         a row whose tracked token's attention drifted at a step gets its cache rebuilt at the next step (a full
         forward of that row; rebuild_rows), and reads it as the others do. Elastic-Cache also recomputes only the
@@ -425,8 +430,10 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
     on a schedule (options.cache_refresh) or when attention drifts (options.cache_drift); SamplerOptions says what
     each does. options: a SamplerOptions with gen_length, steps and block_length set. The other arguments and the
     random draws are generate()'s; options with cache=None and threshold=None give generate()'s tokens.
-    refresh_cache_every_step: rebuild the cache at every step (a check: the cache is then exact, and the tokens
-        are the exact sampler's; no speed-up).
+    refresh_cache_every_step: rebuild the cache at every step (a check: the cache is then exact; no speed-up). The
+        tokens are then the exact sampler's as long as every block ends fully unmasked: a position whose candidate
+        was the mask token stays masked, and the exact sampler offers it again in the later blocks, while a cached
+        step offers the current block's masks only (tests/test_round4_sample_eval.py shows both cases).
     """
     o = options or SamplerOptions()
     check_cached_args(o, prompt, attention_mask, generator)
@@ -684,28 +691,45 @@ def options_from_flags(args, defaults=None):
     return SamplerOptions(**given)
 
 
-def check_sampler_options(o):
+def check_sampler_options(o, source=None):
     """The sampler flags' values, checked by both command lines before any slow work: a ValueError naming the flag, in
-    one line. Lengths left unset (None) are each command line's to fill in, and checked by the sampler."""
-    for name in ("gen_length", "steps", "block_length", "top_k"):
-        value = getattr(o, name)
+    one line (source: the file the values come from, e.g. a generation_defaults.json, named with the field instead).
+    Lengths left unset (None) are each command line's to fill in, and checked by the sampler."""
+    def name(key):
+        return f"--{key.replace('_', '-')}" if source is None else f"{source}: field {key!r} ="
+
+    for key in ("gen_length", "steps", "block_length", "top_k"):
+        value = getattr(o, key)
         if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} {value}: must be at least 1")
+            raise ValueError(f"{name(key)} {value}: must be at least 1")
     if o.threshold is not None and not 0 <= o.threshold < 1:
-        raise ValueError(f"--threshold {o.threshold}: a confidence in [0, 1)")
-    for name in ("temperature", "cfg_scale", "alg_temp"):
-        value = getattr(o, name)
-        if value is not None and not value >= 0:
-            raise ValueError(f"--{name.replace('_', '-')} {value}: must be 0 (" +
-                             ("greedy" if name == "temperature" else "off") + ") or more")
+        raise ValueError(f"{name('threshold')} {o.threshold}: a confidence in [0, 1)")
+    for key in ("temperature", "cfg_scale", "alg_temp"):
+        value = getattr(o, key)
+        if value is not None and not 0 <= value < math.inf:
+            raise ValueError(f"{name(key)} {value}: must be 0 (" + ("greedy" if key == "temperature" else "off") +
+                             ") or more, a finite number")
     if o.cache_refresh is not None and (o.cache is None or o.cache_refresh < 1):
-        raise ValueError(f"--cache-refresh {o.cache_refresh}: a number of steps >= 1, with --cache prefix or dual")
+        raise ValueError(f"{name('cache_refresh')} {o.cache_refresh}: a number of steps >= 1, with --cache prefix or "
+                         "dual")
     if o.cache_drift is not None and (o.cache is None or not 0 < o.cache_drift <= 1):
-        raise ValueError(f"--cache-drift {o.cache_drift}: a cosine similarity in (0, 1], with --cache prefix or dual")
+        raise ValueError(f"{name('cache_drift')} {o.cache_drift}: a cosine similarity in (0, 1], with --cache prefix "
+                         "or dual")
     if not 0 < o.eps < 1:
-        raise ValueError(f"--eps {o.eps}: the reverse process's last time, in (0, 1) (Dream's default 1e-3)")
+        raise ValueError(f"{name('eps')} {o.eps}: the reverse process's last time, in (0, 1) (Dream's default 1e-3)")
     if o.top_p is not None and not 0 < o.top_p <= 1:
-        raise ValueError(f"--top-p {o.top_p}: a probability in (0, 1]")
+        raise ValueError(f"{name('top_p')} {o.top_p}: a probability in (0, 1]")
+
+
+def check_step_count(o, given=True, source=None):
+    """No more steps than tokens (o's lengths set; `given`: whether the steps were asked for, by a flag or the file
+    `source`; a folder's steps kept under a shorter --gen-length are left as they were): the steps beyond one per
+    token place nothing and only repeat forward passes. A ValueError in one line."""
+    if given and o.steps is not None and o.gen_length is not None and o.steps > o.gen_length:
+        where = "--steps" if source is None else f"{source}: field 'steps' ="
+        raise ValueError(f"{where} {o.steps}: more steps than the {o.gen_length} tokens to generate (the gen length); "
+                         f"the steps beyond one per token place none and only repeat forward passes: use at most "
+                         f"{o.gen_length}")
 
 
 def check_sampler_choice(args, o, folder):
@@ -731,6 +755,123 @@ def check_sampler_choice(args, o, folder):
 
 
 # -----------------------------------------------------------------------------
+# What --model and --adapter name, checked by both command lines before the model loads (not needed to sample)
+
+FOLDER_TEXT_FIELDS = ("task", "prompt_style", "test_data")  # generation_defaults.json's fields besides the sampler's
+
+
+def locate_model(path):
+    """model.find_model, with a run folder whose `latest` names a checkpoint that is not there said as such (a
+    FileNotFoundError naming it and the checkpoints that are). Returns (model folder, adapter folder or None)."""
+    from model import find_model
+    p = Path(path)
+    if (p / "latest").is_file() and not (p / "config.json").is_file():
+        named = (p / "latest").read_text().strip()
+        if not named or not (p / "checkpoints" / named).is_dir():
+            there = sorted(c.name for c in (p / "checkpoints").glob("step-*") if c.is_dir())
+            raise FileNotFoundError(f"--model {path}: its `latest` file names the checkpoint {named!r}, and "
+                                    f"{p / 'checkpoints' / named} is missing (deleted or moved); the checkpoints "
+                                    f"there: {', '.join(there) or 'none'}; give one as --model {p}/checkpoints/step-N")
+    return find_model(path)
+
+
+def folder_defaults(folder):
+    """The model folder's generation_defaults.json ({} when it has none), checked: a JSON object whose sampler fields
+    have SamplerOptions' types, choices and ranges (check_sampler_options), and whose other fields are strings; a
+    ValueError naming the file and the field otherwise."""
+    from model import GENERATION_DEFAULTS, generation_defaults
+    path, defaults = Path(folder) / GENERATION_DEFAULTS, generation_defaults(folder)
+    if not isinstance(defaults, dict):
+        raise ValueError(f"{path}: expected a JSON object of settings, e.g. {{\"gen_length\": 128}}, got "
+                         f"{type(defaults).__name__}")
+    kinds = {int: "an integer", float: "a number", str: "a string"}
+    for f in fields(SamplerOptions):
+        value = defaults.get(f.name)
+        if value is None:
+            continue
+        kind = f.type if f.type in kinds else {"int": int, "float": float, "str": str}[f.type]
+        accepted = (int, float) if kind is float else kind
+        if not isinstance(value, accepted) or isinstance(value, bool):
+            raise ValueError(f"{path}: field {f.name!r} = {json.dumps(value)}: expected {kinds[kind]}")
+        if f.metadata.get("choices") and value not in f.metadata["choices"]:
+            raise ValueError(f"{path}: {f.name} {value!r}; expected one of {f.metadata['choices']}")
+    for name in FOLDER_TEXT_FIELDS:
+        if defaults.get(name) is not None and not isinstance(defaults[name], str):
+            raise ValueError(f"{path}: field {name!r} = {json.dumps(defaults[name])}: expected a string")
+    given = {f.name: defaults[f.name] for f in fields(SamplerOptions) if defaults.get(f.name) is not None}
+    if given.get("cache") == "none":
+        given["cache"] = None
+    check_sampler_options(SamplerOptions(**given), source=path)
+    check_step_count(SamplerOptions(**given), source=path)
+    return defaults
+
+
+def check_adapter(folder, adapter):
+    """--adapter against the model folder, before either loads: a ValueError in one line for a gift.py checkpoint's
+    merged export given with its own adapter (it holds it already: it would be added twice), and for a gift.py
+    checkpoint's adapter on a base whose fingerprint (model.folder_fingerprint) is not the one its trainer.json
+    recorded at training time (another model, or the same path retrained)."""
+    if not adapter:
+        return
+    model_dir, adapter_dir = Path(folder).resolve(), Path(adapter).resolve()
+    checkpoint = adapter_dir.parent  # a gift.py checkpoint: step-N/{adapter, merged, trainer.json}
+    if model_dir.name == "merged" and model_dir.parent == checkpoint:
+        raise ValueError(f"--adapter {adapter}: the model {folder} is the merged export of the same checkpoint, the "
+                         "base with this adapter already folded in, so it would be applied twice; drop --adapter, or "
+                         "give the base model with it")
+    try:
+        meta = json.loads((checkpoint / "trainer.json").read_text())
+        base, then = meta["options"]["model"], meta["fingerprints"]["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a gift.py checkpoint's adapter: nothing recorded to compare with
+    if not base:
+        return  # the embedded task's base exists only in memory (its fingerprint is of its tensors)
+    from model import folder_fingerprint
+    now = folder_fingerprint(folder)
+    if now != then:
+        raise ValueError(f"--adapter {adapter}: trained on a base model with fingerprint {then} "
+                         f"({checkpoint / 'trainer.json'}), but {folder} has fingerprint {now}: another model "
+                         "(replaced, or retrained into the same path); give the base it was trained on")
+
+
+@contextmanager
+def loading(*folders):
+    """Reading the model folders (and adapter): an error because one of them disappeared meanwhile (a running gift.py
+    keeps only its last --keep-last checkpoints, rotating older ones away) is said in one line."""
+    try:
+        yield
+    except (OSError, ValueError):
+        gone = [p for p in folders if p and not Path(p).is_dir()]
+        if not gone:
+            raise
+        raise FileNotFoundError(f"{gone[0]} was removed while it loaded (a running gift.py rotates its checkpoints "
+                                "away, keeping the last --keep-last); rerun with the run folder to take the newest "
+                                "checkpoint") from None
+
+
+def load_weights(folder, adapter, dtype, device):
+    """LLaDA.from_pretrained(folder) with the adapter's LoRA layers loaded (model.load_adapter), inside loading()."""
+    from model import LLaDA, load_adapter
+    with loading(folder, adapter):
+        model = LLaDA.from_pretrained(folder, dtype=dtype, device=device)
+        if adapter:
+            load_adapter(model, adapter)  # adds LoRA layers (on the model's device) with the adapter's r / alpha
+    return model
+
+
+def check_chat_tokens(tokenizer, folder):
+    """The chat format's special tokens in the tokenizer (LLaDA's headers or Dream's ChatML): a tokenizer of
+    another family is refused in one line (the chat template would be spelled out as plain characters)."""
+    from data import BOS, END_HEADER, EOT, IM_END, IM_START, START_HEADER, chat_format
+    needed = (IM_START, IM_END) if chat_format(tokenizer) == "chatml" else (BOS, START_HEADER, END_HEADER, EOT)
+    missing = [t for t in needed if tokenizer.token_to_id(t) is None]
+    if missing:
+        raise ValueError(f"{folder}: its tokenizer has no chat token {', '.join(missing)}: it is neither LLaDA's "
+                         f"nor Dream's (ChatML, {IM_START}), so there is no chat format to wrap the prompt in; "
+                         "complete the text as is with --raw")
+
+
+# -----------------------------------------------------------------------------
 # Command line: chat with or complete from a checkpoint
 
 
@@ -750,7 +891,8 @@ def make_parser():
                    "gift.py printed: a checkpoint or run folder")
     p.add_argument("--adapter", default=None,
                    help="LoRA adapter folder (adapter_config.json, adapter_model.safetensors)")
-    p.add_argument("--prompt", default=None, help="the user message; without it, chat interactively on stdin")
+    p.add_argument("--prompt", default=None, help="the user message; without it, chat interactively on stdin (/reset "
+                   "clears the conversation)")
     p.add_argument("--raw", action="store_true", help="complete the prompt text as is, without the chat template")
     add_sampler_flags(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
@@ -771,19 +913,23 @@ def parse_args(argv=None):
         check_sampler_options(options_from_flags(args))
     except ValueError as e:
         p.error(str(e))
+    if not -2 ** 63 <= args.seed < 2 ** 64:
+        p.error(f"--seed {args.seed}: out of the generator's range (a 64-bit integer, e.g. 0)")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: this machine has no CUDA device; use --device cpu")
 
-    from model import find_model, generation_defaults  # the command line's own
     try:
-        args.folder, adapter = find_model(args.model)
-        defaults = generation_defaults(args.folder)  # what the model was trained to answer with (the embedded task's)
+        args.folder, adapter = locate_model(args.model)
+        defaults = folder_defaults(args.folder)  # what the model was trained to answer with (the embedded task's)
         options = options_from_flags(args, defaults)
         check_sampler_choice(args, options, args.folder)
+        options = model_lengths(options)
+        check_step_count(options, given=args.steps is not None)  # the lengths filled in
+        args.adapter = args.adapter or adapter
+        check_adapter(args.folder, args.adapter)
     except (FileNotFoundError, ValueError) as e:
         p.error(str(e))
-    args.adapter = args.adapter or adapter
-    return args, model_lengths(options)
+    return args, options
 
 
 def model_lengths(options):
@@ -797,15 +943,18 @@ def model_lengths(options):
 def load_model(args):
     """The model in eval mode (LoRA dropout off), its adapter loaded, on --device in --dtype; and its tokenizer."""
     from data import check_mask_token, load_tokenizer
-    from model import LLaDA, load_adapter
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
-    model = LLaDA.from_pretrained(args.folder, dtype=dtype, device=args.device)
-    if args.adapter:
-        load_adapter(model, args.adapter)  # adds LoRA layers (on the model's device) with the adapter's r / alpha
-    model.eval()
-    tokenizer = load_tokenizer(args.folder)
+    with loading(args.folder, args.adapter):
+        tokenizer = load_tokenizer(args.folder)
+    if not args.raw:
+        check_chat_tokens(tokenizer, args.folder)
+    model = load_weights(args.folder, args.adapter, dtype, args.device).eval()
     check_mask_token(tokenizer, model.config)
     return model, tokenizer
+
+
+class ContextFull(ValueError):
+    """A prompt that leaves no room for the answer in the model's context (the chat then starts over)."""
 
 
 def main(argv=None):
@@ -818,7 +967,7 @@ def main(argv=None):
     def reply(text):
         ids = encode_text(tokenizer, text)  # the chat text carries its own special tokens; nothing is added
         if len(ids) + options.gen_length > model.config.max_sequence_length:
-            raise ValueError(f"the prompt of {len(ids)} tokens + --gen-length {options.gen_length} exceed the model's "
+            raise ContextFull(f"the prompt of {len(ids)} tokens + --gen-length {options.gen_length} exceed the model's "
                              f"max_sequence_length {model.config.max_sequence_length}")
         prompt = torch.tensor([ids], dtype=torch.long, device=args.device)  # (1, P)
         out = generate_with_options(model, prompt, None, options, generator)  # (1, P + gen_length)
@@ -836,11 +985,23 @@ def main(argv=None):
             text = input("user> ")
         except EOFError:
             break
+        if text.strip() == "/reset" and not args.raw:
+            messages = []
+            print("sample.py: conversation cleared")
+            continue
         try:
             if args.raw:
                 print(reply(text))
                 continue
-            answer = reply(chat_prompt(messages + [{"role": "user", "content": text}], fmt))
+            try:
+                answer = reply(chat_prompt(messages + [{"role": "user", "content": text}], fmt))
+            except ContextFull as e:  # the history outgrew the context: every later turn would fail the same way
+                if not messages:
+                    raise
+                print(f"sample.py: {e} with the conversation so far; conversation cleared (/reset does it at will), "
+                      "answering this message alone")
+                messages = []
+                answer = reply(chat_prompt([{"role": "user", "content": text}], fmt))
         except ValueError as e:  # e.g. a character the model cannot read: say so, and ask again
             print(f"sample.py: {e}")
             continue
