@@ -392,6 +392,9 @@ class TrainOptions:
                                                        "base with the adapters folded in (a Hugging Face folder)"})
     # bookkeeping
     log_every: int = field(default=10, metadata={"help": "optimizer steps between log lines"})
+    wandb_project: str = field(default="", metadata={"help": "also send each metrics.jsonl record to this Weights & "
+                               "Biases project (wandb is imported only then; WANDB_MODE=offline needs no network; "
+                               "--resume continues the same W&B run)"})
     save_every: int = field(default=0, metadata={"help": "optimizer steps between checkpoints (0 = each epoch)"})
     keep_last: int = field(default=2, metadata={"help": "checkpoints kept (only this run's are ever deleted)"})
     resume: bool = field(default=False, metadata={"help": "continue the run in --out from its latest complete "
@@ -868,7 +871,8 @@ def train(opts, preemption):
     # resume: the model, the optimizer, the schedule, the RNG states and the beta cache, or a fresh start
     torch.manual_seed(opts.seed * 1000 + rank)  # LoRA dropout draws from each rank's global generator
     state, unlogged = checkpoints.restore(model, optimizer, scheduler, beta_cache, total_steps)
-    metrics = MetricsLog(Path(opts.out), opts.log_every, state, total_steps, unlogged)
+    metrics = MetricsLog(Path(opts.out), opts.log_every, state, total_steps, unlogged, opts.wandb_project,
+                         dataclasses.asdict(opts))
     model.train()
     while state.step < total_steps:
         # -------------------------------------------------------------------------------------------------------------
@@ -1119,6 +1123,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import uuid
 import warnings
 
 import torch.distributed.checkpoint as dcp
@@ -1139,7 +1144,8 @@ class RunError(RuntimeError):
 # options that may change between a run and its resumption (the data and the base model may move: their content is
 # checked by fingerprint)
 RESUMABLE_CHANGES = {"out", "resume", "overwrite", "log_every", "save_every", "keep_last", "max_bad_steps",
-                     "eval_puzzles", "epochs", "max_steps", "model", "data", "save_dtype", "save_merged"}
+                     "eval_puzzles", "epochs", "max_steps", "model", "data", "save_dtype", "save_merged",
+                     "wandb_project"}
 
 
 @contextlib.contextmanager
@@ -1188,7 +1194,8 @@ def on_rank0(fn):
 # ---------------------------------------------------------------------------------------------------------------------
 # The output folder: one run per folder, never overwritten by accident; preemption; status.json for a requeue script
 
-RUN_FILES = ("checkpoints", "latest", "metrics.jsonl", "ref_betas.pt")  # what a run writes into --out
+WANDB_ID = "wandb_run_id"  # <out>/wandb_run_id: the W&B run this output folder logs to (--wandb-project)
+RUN_FILES = ("checkpoints", "latest", "metrics.jsonl", "ref_betas.pt", WANDB_ID, "wandb")  # what a run writes
 CHECKPOINT_PARTS = ("train_state", "trainer.json", "loop_state.pt", "model", "adapter", "merged")  # in step-N/
 
 
@@ -1819,18 +1826,41 @@ class MetricsLog:
     the train_step results since the previous record (`unlogged`, which each checkpoint saves, so that a resumed run
     writes the same records). Adds each step's time to the TrainState."""
 
-    def __init__(self, out, log_every, state, total_steps, unlogged):
+    def __init__(self, out, log_every, state, total_steps, unlogged, wandb_project="", config=None):
         self.file = open(out / "metrics.jsonl", "a") if is_rank0() else None
         self.log_every, self.total_steps, self.unlogged = log_every, total_steps, unlogged
         self.first_step, self.t_attempt, self.t_last = state.step, time.time(), time.time()
+        self.tracker = WandbRun(wandb_project, out, config) if wandb_project and is_rank0() else None
 
     def add(self, result, state, epoch, lr):
         self.t_last = state.add_time(self.t_last)
         self.unlogged.append(result)
         if state.step % self.log_every == 0 or state.step == self.total_steps:
             eta_s = (time.time() - self.t_attempt) / (state.step - self.first_step) * (self.total_steps - state.step)
-            log(self.file, log_record(self.unlogged, state, epoch, self.total_steps, lr, eta_s))
+            record = log_record(self.unlogged, state, epoch, self.total_steps, lr, eta_s)
+            log(self.file, record)
+            if self.tracker:
+                self.tracker.log(record)
             self.unlogged = []
+
+
+class WandbRun:
+    """--wandb-project: every metrics.jsonl record also goes to a Weights & Biases run (rank 0 only). metrics.jsonl
+    stays the record. The run's id is kept in <out>/wandb_run_id, so --resume continues the same W&B run (a resumed
+    run writes again the records after its checkpoint, with the same values; W&B keeps the steps it already has).
+    W&B rather than TensorBoard: a run id that resumes, offline runs synced later (WANDB_MODE=offline, then
+    `wandb sync`), and the configuration beside the curves, with no log folder to copy off a cluster's nodes."""
+
+    def __init__(self, project, out, config):
+        import wandb  # here, not at the top: a run without --wandb-project imports nothing new
+        id_file = out / WANDB_ID
+        run_id = id_file.read_text().strip() if id_file.is_file() else uuid.uuid4().hex[:12]
+        atomic_write_text(id_file, run_id + "\n")
+        self.run = wandb.init(project=project, id=run_id, resume="allow", dir=str(out), config=config)
+
+    def log(self, record):
+        numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        self.run.log(numbers, step=record["step"])
 
 
 def log_record(window, state, epoch, total_steps, lr, eta_s):
