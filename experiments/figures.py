@@ -12,6 +12,10 @@
   gift_vs_sft.png   The toy study (experiments/README.md): held-out accuracy of GIFT and its variants minus SFT's,
                     for each of the 9 (base, seed) pairs, with the mean and the 95% interval, from
                     experiments/results/{sudoku,countdown}/results.csv and summary.csv.
+  masks.png         What GIFT masks: gift.py's first-pass betas (Algorithm 1, entropy ** 0.5) of the 16 answer digits
+                    of held-out Sudoku puzzles, for the main job's architecture untrained (its seed-42 initialisation)
+                    and trained (the copy of its final model in experiments/figures/data/sudoku-tiny/model/), blanks
+                    against givens, and each digit's masking probability at t = 0.5 (Theorem 1).
 
 Each PNG's caption names the commit of the data it draws and this command. The data functions (plain Python and
 gift.py's Part I) are tested by tests/test_plot.py without matplotlib; the drawing functions import it.
@@ -28,6 +32,8 @@ from plot import caption, metric_series, pyplot, read_metrics, repo_commit  # no
 
 FIGURES = HERE / "figures"
 MAIN_JOB = FIGURES / "data" / "sudoku-tiny"  # copies of runs/sudoku-tiny/{metrics.jsonl,results.json}
+# a main job's final model (config.json, model.safetensors, tokenizer.json, sudoku_heldout.csv) and its results.json
+MAIN_MODEL = MAIN_JOB / "model"
 RESULTS = HERE / "results"
 COMMAND = "python experiments/figures.py"
 
@@ -100,6 +106,49 @@ def study_data(task, metric):
         out.append((label, diffs, *(float(s[f"d_{metric}{x}"]) for x in ("", "_lo", "_hi", "_p"))))
     commits = sorted({r["commit"][:7] for r in rows})
     return out, ", ".join(commits)
+
+
+def heldout_puzzles(folder=MAIN_MODEL, n=None):
+    """[(puzzle, solution)] of the model folder's sudoku_heldout.csv, in file order (the first n)."""
+    rows = [(r["Puzzle"], r["Solution"]) for r in read_csv(folder / "sudoku_heldout.csv")]
+    return rows[:n]
+
+
+def masks_data(folder=MAIN_MODEL, n=5, t=0.5, init_seed=42):
+    """What GIFT masks, for the first n held-out puzzles: gift.py's first_pass_betas ("entropy") of each answer
+    position, from the folder's model (float32) and from the same architecture untrained
+    (LLaDA(config).init_weights(seed 42), the main job's initialisation). The answer is
+    "<answer>{16 digits}</answer><|eot_id|>": its 16 digit positions are kept. Returns dict(puzzles, blanks (n, 16)
+    bools, and for "untrained" / "trained": betas (n, 16), t_i (n, 16) at `t` (gift_mask_probs, beta_ref the row's
+    mean over the whole answer), mean_blank, mean_given (the mean beta over all blank / given cells)), as lists."""
+    import torch
+    import data
+    import gift
+    from model import LLaDA
+    tokenizer = data.load_tokenizer(folder)
+    pairs = heldout_puzzles(folder, n)
+    examples = data.sudoku_examples(tokenizer, pairs)
+    trained = LLaDA.from_pretrained(folder, dtype=torch.float32)
+    untrained = LLaDA(trained.config).init_weights(torch.Generator().manual_seed(init_seed)).float()
+    pad_id = data.special_ids(tokenizer, trained.config).pad
+    input_ids, answer_mask = gift.collate(examples, pad_id)
+    mask_id = trained.config.mask_token_id
+    prefix = len(tokenizer.encode("<answer>", add_special_tokens=False).ids)
+    digits = [range(prompt_len + prefix, prompt_len + prefix + 16) for _, prompt_len in examples]
+    for (ids, prompt_len), (_, solution), cols in zip(examples, pairs, digits):  # the 16 positions are the digits
+        assert tokenizer.decode([ids[c] for c in cols]) == solution
+    blanks = [[ch == "0" for ch in puzzle] for puzzle, _ in pairs]
+    out = dict(puzzles=[p for p, _ in pairs], blanks=blanks, t=t)
+    for name, model in (("untrained", untrained), ("trained", trained)):
+        beta = gift.first_pass_betas(model, "entropy", input_ids, answer_mask, mask_id)  # (n, L)
+        t_i = gift.gift_mask_probs(torch.full((len(pairs),), t), beta, answer_mask)  # (n, L)
+        rows = [beta[k, cols].tolist() for k, cols in enumerate(digits)]
+        probs = [t_i[k, cols].tolist() for k, cols in enumerate(digits)]
+        cells = [(b, blank) for row, brow in zip(rows, blanks) for b, blank in zip(row, brow)]
+        mean = lambda xs: sum(xs) / len(xs)
+        out[name] = dict(betas=rows, t_i=probs, mean_blank=mean([b for b, blank in cells if blank]),
+                         mean_given=mean([b for b, blank in cells if not blank]))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -190,10 +239,55 @@ def draw_gift_vs_sft(out):
     plt.close(fig)
 
 
+def draw_masks(out, n=5):
+    plt = pyplot()
+    from matplotlib.patches import Rectangle
+    d = masks_data(n=n)
+    res = json.loads((MAIN_MODEL / "results.json").read_text())
+    rows = (("untrained", "betas", "beta, untrained"), ("trained", "betas", "beta, trained"),
+            ("untrained", "t_i", f"t_i at t = {d['t']:g}, untrained"), ("trained", "t_i", f"t_i at t = {d['t']:g}, trained"))
+    fig, axes = plt.subplots(len(rows), n, figsize=(1.55 * n + 1.6, 1.55 * len(rows) + 1.2), squeeze=False)
+    fig.subplots_adjust(left=0.06, right=0.88, top=0.88, bottom=0.07, wspace=0.08, hspace=0.12)
+    vmax_beta = max(max(max(r) for r in d[m]["betas"]) for m in ("untrained", "trained"))
+    for row, (model, key, label) in enumerate(rows):
+        vmax = vmax_beta if key == "betas" else 1.0
+        cmap = "viridis" if key == "betas" else "magma"
+        for k in range(n):
+            ax = axes[row][k]
+            grid = [d[model][key][k][4 * i:4 * i + 4] for i in range(4)]
+            im = ax.imshow(grid, vmin=0, vmax=vmax, cmap=cmap)
+            for c, (blank, digit) in enumerate(zip(d["blanks"][k], d["puzzles"][k])):
+                i, j = divmod(c, 4)
+                if blank:
+                    ax.add_patch(Rectangle((j - 0.45, i - 0.45), 0.9, 0.9, fill=False, ec="red", lw=1.6))
+                value = d[model][key][k][c]
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
+                        color="white" if value < 0.6 * vmax else "black")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if row == 0:
+                ax.set_title(f"puzzle {d['puzzles'][k]}", fontsize=7)
+            if k == 0:
+                ax.set_ylabel(label, fontsize=8)
+        if row in (1, 3):  # one colour bar per shared scale, beside its two rows
+            top, bottom = axes[row - 1][-1].get_position(), axes[row][-1].get_position()
+            bar = fig.add_axes((bottom.x1 + 0.015, bottom.y0, 0.012, top.y1 - bottom.y0))
+            fig.colorbar(im, cax=bar).ax.tick_params(labelsize=7)
+    u, tr = d["untrained"], d["trained"]
+    fig.suptitle(f"What GIFT masks: first-pass betas (entropy ** 0.5) of the 16 answer digits, red = blank cell\n"
+                 f"mean beta, blanks / givens: untrained {u['mean_blank']:.3f} / {u['mean_given']:.3f}, "
+                 f"trained {tr['mean_blank']:.3f} / {tr['mean_given']:.3f} (these {n} puzzles)", fontsize=8)
+    caption(fig, f"main job (torchrun --nproc_per_node 2 gift.py) at commit {res['commit']}, final model copied to "
+                 f"experiments/figures/data/sudoku-tiny/model/;\nuntrained = its seed-42 init; gift.py at "
+                 f"{repo_commit('gift.py')}; redraw: {COMMAND}")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
 def main():
     FIGURES.mkdir(exist_ok=True)
     for name, draw in (("theorem1.png", draw_theorem1), ("main_job.png", draw_main_job),
-                       ("gift_vs_sft.png", draw_gift_vs_sft)):
+                       ("gift_vs_sft.png", draw_gift_vs_sft), ("masks.png", draw_masks)):
         draw(FIGURES / name)
         print(f"figures: {FIGURES / name} ({(FIGURES / name).stat().st_size // 1024} KB)")
 

@@ -153,3 +153,21 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path):
     r = run_without_matplotlib(runpy.replace("*sys.argv[1:]", repr(str(tmp_path))))  # checked before drawing
     assert r.returncode == 1 and r.stderr.strip() == f"plot: {tmp_path}/metrics.jsonl does not exist: give a gift.py " \
                                                      "output folder (its --out)"
+
+
+def test_masks_data_the_trained_model_puts_its_betas_on_the_blanks():
+    """The committed main-job model (experiments/figures/data/sudoku-tiny/model/, ~0.7 MB, CPU): its first-pass
+    betas on the blank cells of held-out puzzles are several times those on the givens, which it can copy from the
+    prompt; the untrained model (the main job's seed-42 initialisation) is near-uniform everywhere (beta close to
+    sqrt(log vocab)), so blanks and givens get the same beta and, at t = 0.5, the same t_i = 0.5."""
+    d = figures.masks_data(n=8)
+    assert len(d["puzzles"]) == 8 and all(len(row) == 16 for row in d["trained"]["betas"])
+    assert sum(map(sum, d["blanks"])) == 8 * 8  # the held-out puzzles have 8 blanks each
+    trained, untrained = d["trained"], d["untrained"]
+    assert trained["mean_blank"] > 2 * trained["mean_given"]
+    assert untrained["mean_blank"] == pytest.approx(untrained["mean_given"], rel=1e-3)
+    assert untrained["mean_given"] == pytest.approx(math.sqrt(math.log(56)), rel=0.01)
+    assert all(x == pytest.approx(0.5, abs=0.01) for row in untrained["t_i"] for x in row)
+    blank_t = [x for row, b in zip(trained["t_i"], d["blanks"]) for x, blank in zip(row, b) if blank]
+    given_t = [x for row, b in zip(trained["t_i"], d["blanks"]) for x, blank in zip(row, b) if not blank]
+    assert sum(blank_t) / len(blank_t) > 0.5 > sum(given_t) / len(given_t)
