@@ -155,6 +155,13 @@ def masks_data(folder=MAIN_MODEL, n=5, t=0.5, init_seed=42):
 # Drawing: matplotlib
 
 
+def save(fig, out):
+    """Lay the figure out above its caption, write it at 100 dpi, and free it."""
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(out, dpi=100)
+    pyplot().close(fig)
+
+
 def draw_theorem1(out):
     plt = pyplot()
     t, t_i, p, r = theorem1_curves()
@@ -183,9 +190,7 @@ def draw_theorem1(out):
     caption(fig, f"computed by gift.py's gift_mask_probs / sft_mask_probs (eps = 1e-3), gift.py at commit "
                  f"{repo_commit('gift.py')}; "
                  f"redraw: {COMMAND}")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    save(fig, out)
 
 
 def draw_main_job(out):
@@ -209,9 +214,7 @@ def draw_main_job(out):
         ax.grid(alpha=0.3, axis="y")
     caption(fig, f"run made at commit {res['commit']} (experiments/figures/data/sudoku-tiny/, from "
                  f"torchrun --nproc_per_node 2 gift.py); redraw: {COMMAND}")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    save(fig, out)
 
 
 def draw_gift_vs_sft(out):
@@ -234,9 +237,7 @@ def draw_gift_vs_sft(out):
         ax.grid(alpha=0.3, axis="y")
     caption(fig, f"grey: the 9 (base, seed) pairs; red: mean, 95% interval, paired t-test (summary.csv); runs made at "
                  f"commit {', '.join(sorted(commits))} (experiments/results/); redraw: {COMMAND}")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    save(fig, out)
 
 
 def draw_masks(out, n=5):
