@@ -128,6 +128,15 @@ def final_weights(out, lora):
     return load_file(latest(out) / ("adapter/adapter_model.safetensors" if lora else "model/model.safetensors"))
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy shared CPU spinning threads slow them 10x."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 # -----------------------------------------------------------------------------
 # --device: where the device-capable tests run (tests/test_device.py); bench/gpu.py passes --device cuda
 

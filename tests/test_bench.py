@@ -23,13 +23,7 @@ from sample import generate
 SCRIPTS = ("train_step", "memory", "sampler")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy shared CPU spinning threads slow them 10x."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread
 
 
 def bench_module(name):

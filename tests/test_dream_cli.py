@@ -21,15 +21,6 @@ SUDOKU_CSV = ("Puzzle,Solution\n3102200002100320,3142243142131324\n0142243142131
               "3142000042131324,3142243142131324\n")
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy shared CPU spinning threads slow them 10x."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 class NoMaskHead(torch.nn.Module):
     """The LM head with the mask token's logit at -1e9: a model that, like a trained one, never proposes the mask
     token (the cached sampler leaves an earlier block's masks alone, the exact one retries them)."""

@@ -474,15 +474,6 @@ def test_fixture_is_cut_from_the_full_data(full_data):
 # evaluate() and the CLI with a tiny random model (the embedded task's code path)
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy shared CPU spinning threads slow them 10x."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny_model_and_tokenizer(extra_chars=""):
     import data
     from model import LLaDA

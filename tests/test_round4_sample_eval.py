@@ -23,13 +23,7 @@ from model import LLaDA, add_lora, folder_fingerprint, lora_layers, save_adapter
 from sample import SamplerOptions, generate, generate_cached
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy shared CPU spinning threads slow them 10x."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread
 
 
 def refusal(call, capsys):
