@@ -282,6 +282,13 @@ def position_classes(expression, n_tokens):
     return labels + ["eot"] * (n_tokens - len(labels))
 
 
+def answer_rows(tokenizer, problems, plan):
+    """[(ids, prompt_len)] of the problems as gift.train builds them, and each answer token's label
+    (position_classes; the figures' masks.json)."""
+    n_tokens = answer_tokens(plan)
+    return examples(tokenizer, problems, n_tokens), [position_classes(p["expression"], n_tokens) for p in problems]
+
+
 @torch.no_grad()
 def entropy_by_position(model, tokenizer, problems, plan, batch_size=64):
     """Which answer positions get high entropy. gift.entropy_betas (Algorithm 1: the whole answer masked,

@@ -33,7 +33,8 @@ What it does, in order (every step is the repo's own code path; nothing is re-im
      entropy, for the bases and along gift's training.
 
 Outputs in --out: results.csv (one row per run), summary.csv (one row per objective and budget, with the paired
-test), results.md (the tables), costs.json (the step costs), data/, base<b>/ (the pre-trained models),
+test), results.md (the tables), costs.json (the step costs), curves.csv (with --curve-points: held-out accuracy
+along training), masks.json (the answer betas before and after fine-tuning), data/, base<b>/ (the pre-trained models),
 runs/base<b>/<objective>-<budget>-seed<k>/ (metrics.jsonl, train.log, result.json, the final model and, for gift,
 its intermediate models). An interrupted run continues: finished runs (result.json with the same settings), the
 bases and the step costs are reused.
@@ -145,7 +146,14 @@ class Plan:
                                                                          "|".join(OBJECTIVES)})
     skip_equal_time: bool = field(default=False, metadata={"help": "skip the equal-wall-time SFT runs"})
     checkpoints: int = field(default=4, metadata={"help": "gift runs: models kept along training for the entropy "
-                                                          "analysis"})
+                                                          "analysis (--curve-points replaces it when given)"})
+    curve_points: int = field(default=0, metadata={"help": "sft and gift equal-step runs: also grade the held-out set "
+                                                           "at this many evenly spaced steps (the learning curves of "
+                                                           "curves.csv and experiments/figures.py); 0 = at the end only"})
+    curve_heldout: int = field(default=256, metadata={"help": "held-out examples (the first ones) graded at each "
+                                                              "curve point, the base's included"})
+    n_masks: int = field(default=6, metadata={"help": "held-out examples whose answer betas masks.json keeps, from "
+                                                      "the first base and its first gift run (experiments/figures.py)"})
     # the cost of a step (equal wall time)
     step_costs: str = field(default="", metadata={"help": "each step's cost x SFT's, e.g. gift=1.342,gift-elbo=1.151,"
                                                           "gift-star=1.003,gift-reuse=0.991 (results.md prints the "
@@ -166,8 +174,8 @@ class Plan:
 # --smoke: every size tiny; flags given on the command line still win
 SMOKE = dict(d_model=32, n_layers=1, n_heads=2, mlp=64, heldout_grids=16, n_heldout=16, n_base=64, n_ft=32,
              base_steps=4, base_batch=16, base_warmup=1, ft_epochs=3, ft_batch=16, ft_warmup=1, bases="0,1", seeds="0",
-             objectives="sft,gift,gift-k4", checkpoints=3, eval_batch=16, n_entropy=16, log_every=1, workers=1,
-             cost_rounds=3)
+             objectives="sft,gift,gift-k4", checkpoints=3, curve_points=3, curve_heldout=8, n_masks=2, eval_batch=16,
+             n_entropy=16, log_every=1, workers=1, cost_rounds=3)
 
 
 def parse_plan(argv=None):
@@ -197,8 +205,12 @@ def parse_plan(argv=None):
             parse_costs(plan.step_costs)
         except ValueError as e:
             parser.error(f"--step-costs {plan.step_costs!r}: {e}")
-    if plan.cost_rounds < 1:
-        parser.error(f"--cost-rounds {plan.cost_rounds}: must be at least 1")
+    for name in ("cost_rounds", "curve_heldout"):
+        if getattr(plan, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} {getattr(plan, name)}: must be at least 1")
+    for name in ("curve_points", "n_masks"):
+        if getattr(plan, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} {getattr(plan, name)}: must be 0 or more")
     return plan
 
 
@@ -499,11 +511,16 @@ def prepare_base(plan_fields, b, commit):
     base_dir, meta, reused = build_base(plan, b, folder, out / "data", commit)
     data_key = {k: getattr(plan, k) for k in ("data_seed", "n_heldout", "n_ft", "eval_batch", "n_entropy")
                 + task.PLAN_FIELDS}  # what the held-out evaluation and the analysis use
+    if plan.curve_points:
+        data_key["curve_heldout"] = plan.curve_heldout
     if meta.get("data_key") != data_key:
         data = json.loads((out / "data" / "data.json").read_text())
         model, tokenizer = LLaDA.from_pretrained(base_dir), load_tokenizer(base_dir)
         meta["eval"] = grades(task, task.evaluate_heldout(model, tokenizer, data["heldout"], plan.eval_batch, plan))
         meta["entropy"] = task.entropy_by_position(model, tokenizer, data["finetune"][:plan.n_entropy], plan)
+        if plan.curve_points:  # the learning curves' step 0
+            meta["curve"] = curve_point(task, model, tokenizer, data["heldout"][:plan.curve_heldout], plan.eval_batch,
+                                        plan)
         meta["data_key"] = data_key
         (folder / "base.json").write_text(json.dumps(meta, indent=1))
     meta["reused"] = reused
@@ -524,7 +541,9 @@ def run_one(spec, commit, reuse_other_commit):
     shutil.rmtree(out, ignore_errors=True)
     data = json.loads(Path(spec["data_json"]).read_text())
     steps = spec["steps"]
-    keep = spec["checkpoints"] if spec["name"] == "gift" and spec["budget"] == "steps" else 1
+    entropy = spec["name"] == "gift" and spec["budget"] == "steps" and spec["checkpoints"] > 1
+    curve = spec["curve_points"] if spec["name"] in ("sft", "gift") and spec["budget"] == "steps" else 0
+    keep = curve or (spec["checkpoints"] if entropy else 1)  # models kept along training (sft and gift alike)
     save_every = max(1, steps // keep) if keep > 1 else steps
     argv = train_argv(spec["base_dir"], spec["data_jsonl"], out, *OBJECTIVES[spec["name"]], steps, spec["batch"],
                       spec["lr"], spec["warmup"], spec["weight_decay"], spec["seed"], spec["log_every"],
@@ -537,19 +556,76 @@ def run_one(spec, commit, reuse_other_commit):
                   loop_s=metrics[-1]["elapsed_s"], train_s=train_s, final_loss=metrics[-1]["loss"],
                   betas=[(r["step"], r["beta_mean"], r["beta_std"]) for r in metrics if "beta_mean" in r])
     result.update(grades(task, task.evaluate_heldout(model, tokenizer, data["heldout"], spec["eval_batch"], fields)))
-    if keep > 1:  # the mechanism: entropies by position along training
-        pairs = data["finetune"][:spec["n_entropy"]]
-        result["entropy"] = []
-        for ckpt in sorted((out / "checkpoints").glob("step-*")):
-            m = LLaDA.from_pretrained(ckpt / "model")
-            result["entropy"].append((int(ckpt.name.split("-")[1]), task.entropy_by_position(m, tokenizer, pairs,
-                                                                                             fields)))
+    for ckpt in sorted((out / "checkpoints").glob("step-*")) if entropy or curve else ():
+        step, m = int(ckpt.name.split("-")[1]), LLaDA.from_pretrained(ckpt / "model")
+        if entropy:  # the mechanism: entropies by position along training
+            result.setdefault("entropy", []).append(
+                (step, task.entropy_by_position(m, tokenizer, data["finetune"][:spec["n_entropy"]], fields)))
+        if curve:  # the learning curve: held-out grades along training
+            result.setdefault("curve", []).append(
+                dict(step=step, **curve_point(task, m, tokenizer, data["heldout"][:spec["curve_heldout"]],
+                                              spec["eval_batch"], fields)))
     for ckpt in (out / "checkpoints").glob("step-*"):  # keep the models, drop the optimizer states
         shutil.rmtree(ckpt / "train_state", ignore_errors=True)
     tmp = result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
     os.replace(tmp, result_path)
     return result
+
+
+def curve_point(task, model, tokenizer, heldout, batch_size, fields):
+    """One point of a learning curve: the task's metrics (percent) on the first curve_heldout held-out examples."""
+    e = grades(task, task.evaluate_heldout(model, tokenizer, heldout, batch_size, fields))
+    return {key: e[key] for key, _, _, _ in task.METRICS}
+
+
+def curve_rows(results, bases, costs, epochs, commit):
+    """curves.csv: one row per learning-curve point of every sft and gift equal-step run (the base's grades at
+    step 0), with the objective's cost x SFT so that a figure can put the curves on a cost axis."""
+    rows = []
+    for r in results:
+        s = r["spec"]
+        if "curve" not in r:
+            continue
+        cost = objective_cost(s["name"], costs, epochs)
+        for point in [dict(step=0, **bases[s["base"]][1]["curve"])] + r["curve"]:
+            rows.append(dict(objective=s["name"], base=s["base"], seed=s["seed"], cost_vs_sft=cost,
+                             n_heldout=s["curve_heldout"], **point, commit=r.get("commit", commit)))
+    rows.sort(key=lambda row: (row["objective"], row["base"], row["seed"], row["step"]))
+    return rows
+
+
+@torch.no_grad()
+def answer_betas(task, model, tokenizer, items, fields):
+    """gift.py's first-pass betas (Algorithm 1, entropy ** 0.5) over each example's answer: [{tokens, labels,
+    beta}] (one entry per answer token; labels from the task's answer_rows)."""
+    model.eval()
+    rows, labels = task.answer_rows(tokenizer, items, fields)
+    input_ids, answer_mask = gift.collate(rows, model.config.pad_token_id)  # (B, L), (B, L)
+    beta = gift.first_pass_betas(model, "entropy", input_ids, answer_mask, model.config.mask_token_id)  # (B, L)
+    return [dict(tokens=[tokenizer.decode([i]) for i in ids[p:]], labels=lab, beta=beta[k, p:len(ids)].tolist())
+            for k, ((ids, p), lab) in enumerate(zip(rows, labels))]
+
+
+def masks_record(plan, results, bases, commit, command):
+    """masks.json: what GIFT masks before and after fine-tuning -- the answer betas of the first n_masks held-out
+    examples under the first base and under its first seed's gift run (equal steps, final model). None when that
+    run is not in the plan."""
+    b, s = min(bases), min(id_list(plan.seeds))
+    run = next((r for r in results if (r["spec"]["name"], r["spec"]["budget"], r["spec"]["base"], r["spec"]["seed"])
+                == ("gift", "steps", b, s)), None)
+    if run is None or plan.n_masks == 0:
+        return None
+    task, fields = TASKS[plan.task], types.SimpleNamespace(**task_fields(plan))
+    items = json.loads((Path(plan.out) / "data" / "data.json").read_text())["heldout"][:plan.n_masks]
+    final = sorted((Path(run["spec"]["out"]) / "checkpoints").glob("step-*"))[-1] / "model"
+    tokenizer = load_tokenizer(final)
+    before, after = (answer_betas(task, LLaDA.from_pretrained(d), tokenizer, items, fields)
+                     for d in (bases[b][0], final))
+    examples = [dict(item=item, tokens=x["tokens"], labels=x["labels"], beta_base=x["beta"], beta_gift=y["beta"])
+                for item, x, y in zip(items, before, after)]
+    return dict(task=plan.task, base=b, seed=s, steps=run["steps"], commit=run.get("commit", commit),
+                command=command, examples=examples)
 
 
 def _init_worker(threads):
@@ -862,7 +938,7 @@ def main(argv=None):
                   data_json=str(out / "data" / "data.json"), batch=plan.ft_batch, lr=plan.ft_lr,
                   warmup=plan.ft_warmup, weight_decay=plan.ft_weight_decay, log_every=plan.log_every,
                   eval_batch=plan.eval_batch, n_entropy=plan.n_entropy, checkpoints=plan.checkpoints,
-                  threads=plan.threads)
+                  curve_points=plan.curve_points, curve_heldout=plan.curve_heldout, threads=plan.threads)
 
     def spec(name, budget, b, s, n_steps):
         return dict(common, name=name, budget=budget, base=b, base_dir=bases[b][0], base_spec=bases[b][1]["spec"],
@@ -901,11 +977,18 @@ def main(argv=None):
     run_rows.sort(key=lambda r: (r["budget"], r["objective"], r["base"], r["seed"]))
     write_csv(out / "results.csv", run_rows)
     write_csv(out / "summary.csv", [dict(row, commit=commit) for row in summary])
+    curves = curve_rows(results, bases, costs["variants"], plan.ft_epochs, commit)
+    if curves:
+        write_csv(out / "curves.csv", curves)
+    masks = masks_record(plan, results, bases, commit, command)
+    if masks:
+        (out / "masks.json").write_text(json.dumps(masks))
     wall_s = time.time() - t_start
     text = markdown(plan, command, commit, summary, results, bases, wall_s, costs, budgets, steps)
     (out / "results.md").write_text(text)
     print(text)
-    print(f"wrote {out / 'results.csv'}, {out / 'summary.csv'}, {out / 'results.md'} ({wall_s / 60:.1f} min)")
+    written = ["results.csv", "summary.csv", "results.md"] + ["curves.csv"] * bool(curves) + ["masks.json"] * bool(masks)
+    print(f"wrote {', '.join(str(out / name) for name in written)} ({wall_s / 60:.1f} min)")
 
 
 if __name__ == "__main__":

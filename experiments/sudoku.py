@@ -2,7 +2,8 @@
 which answer positions carry the entropy (the analogue of Figure 2 of GIFT, arXiv 2509.20863).
 
 A task module gives the study the same few things (countdown.py is the other one): its plan fields and defaults,
-make_tokenizer, build_data, check_prompts, evaluate_heldout, entropy_by_position and the entropy tables."""
+make_tokenizer, build_data, check_prompts, evaluate_heldout, entropy_by_position, answer_rows (for the
+figures) and the entropy tables."""
 
 import json
 import math
@@ -181,6 +182,19 @@ def entropy_by_position(model, tokenizer, pairs, plan=None, batch_size=64):
                 ratio_blank=mean["ratio_blank"], topk_blank_share=mean["topk_blank"],
                 beta_blank_by_open={k: (s / n if n else math.nan) for k, (s, n) in by_open.items()},
                 count_by_open={k: n for k, (_, n) in by_open.items()})
+
+
+def answer_rows(tokenizer, pairs, plan=None):
+    """[(ids, prompt_len)] of the puzzles as gift.train builds them, and each answer token's label (the figures'
+    masks.json): "blank" or "given" for the 16 digits, "fixed" for "<answer>", "</answer>" and <|eot_id|>."""
+    rows = sudoku_examples(tokenizer, pairs)
+    offset = len(encode(tokenizer, ANSWER_PREFIX))
+    labels = []
+    for (ids, prompt_len), (puzzle, _) in zip(rows, pairs):
+        row = ["fixed"] * (len(ids) - prompt_len)
+        row[offset:offset + 16] = ["blank" if ch == "0" else "given" for ch in puzzle]
+        labels.append(row)
+    return rows, labels
 
 
 def entropy_markdown(plan, rows):
