@@ -603,13 +603,15 @@ def item_generator(seed, index, device):
 
 
 def batch_generators(options, seed, idx, device):
-    """The generator(s) of a batch of items idx: the block sampler's noise (temperature > 0) comes from each item's
-    own, so that a resumed or re-batched run draws the same noise for it; Dream's sampler draws over the whole batch
-    (origin draws even when greedy), from one generator, its first item's: the same batch (batches are fixed by
-    --batch-size, a setting of the run) draws the same noise."""
+    """The generator(s) of a batch of items idx: the block sampler's draws (its noise at temperature > 0, its
+    remasking order with --remasking random, even when greedy) come from each item's own, so that a resumed or
+    re-batched run draws the same for it; Dream's sampler draws over the whole batch (origin draws even when greedy),
+    from one generator, its first item's: the same batch (batches are fixed by --batch-size, a setting of the run)
+    draws the same noise."""
     if options.sampler == "dream":
         return item_generator(seed, idx[0], device)
-    return [item_generator(seed, i, device) for i in idx] if options.temperature > 0 else None
+    draws = options.temperature > 0 or options.remasking == "random"
+    return [item_generator(seed, i, device) for i in idx] if draws else None
 
 
 def d1_options(options, task):

@@ -614,6 +614,21 @@ def test_kill_9_mid_eval_then_rerun_equals_an_uninterrupted_run(tmp_path, temper
         assert a["runs"][0]["records"] != a["runs"][1]["records"]
 
 
+def test_random_remasking_is_seeded_per_item_even_when_greedy(tmp_path, one_thread):
+    """--remasking random draws its unmasking order at temperature 0 too: from each item's own generator, so two runs
+    with one seed agree whatever the global RNG holds and however the items are batched, and two seeds differ (it
+    used to draw from torch's global RNG)."""
+    argv = sudoku_checkpoint(tmp_path, 6) + ["--remasking", "random", "--seeds", "0", "1"]
+    runs = []
+    for k, batch in enumerate(("2", "3")):
+        torch.manual_seed(100 + k)  # the global RNG differs between the two runs
+        E.main(argv + ["--batch-size", batch, "--out", str(tmp_path / f"r{k}.json")])
+        runs.append(json.loads((tmp_path / f"r{k}.json").read_text())["runs"])
+    generations = [[[r["generation"] for r in run["records"]] for run in rs] for rs in runs]
+    assert generations[0] == generations[1]
+    assert generations[0][0] != generations[0][1]  # seed 0 against seed 1
+
+
 def test_a_rerun_with_other_settings_is_refused_naming_them(tmp_path, one_thread):
     argv = sudoku_checkpoint(tmp_path, 4) + ["--out", str(tmp_path / "r.json")]
     E.main(argv + ["--batch-size", "2"])
