@@ -1,7 +1,7 @@
 """One command for a GPU: the device tests, a training step at LLaDA-8B widths, the sampler's modes, and FSDP2.
 
     python bench/gpu.py            # on a CUDA machine (~3 min on one H100); writes bench/results/gpu-<device>.json/.md
-    python bench/gpu.py --smoke    # the same code on the CPU at tiny shapes (~20 s; tests/test_gpu_bench.py)
+    python bench/gpu.py --smoke    # the same code on the CPU at tiny shapes (~15 s; tests/test_gpu_bench.py)
 
   a. tests: tests/test_device.py with `pytest --device cuda` (float32 and bf16 forward, LoRA, the GIFT loss and its
      gradient, greedy sampling, FSDP2 with bf16 and checkpointing, each against a float64 CPU reference).
@@ -29,6 +29,7 @@ import tempfile
 import time
 import traceback
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -91,8 +92,11 @@ def run_tests(a, tmp):
 
 
 def run_train(a):
+    # --smoke: bench/train_step.py's own smoke path, its CPU memory subprocess for the first variant only (one
+    # interpreter start instead of five); the memory figure below then falls back to that variant's peak RSS
     ta = train_step.parse_args([*shape_flags(a.s, a.s["train_layers"]), "--device", a.device, "--dtype", "bfloat16",
-                                "--modes", "lora", "--repeats", str(a.s["repeats"]), "--warmup", str(a.s["warmup"])])
+                                "--modes", "lora", "--repeats", str(a.s["repeats"]), "--warmup", str(a.s["warmup"]),
+                                *(["--smoke"] if a.smoke else [])])
     rows = train_step.run(ta)
     tokens = ta.batch * ta.seq
     by = {r["loss"]: dict(r, tokens_per_s=tokens / (r["ms"] / 1e3), mfu=r["gflops_per_s"] / (a.peak_tflops * 1e3))
@@ -236,7 +240,7 @@ def markdown(r):
 def parse_args(argv):
     p = argparse.ArgumentParser(description="Device tests, a LLaDA-8B-width training step, the sampler's modes and "
                                 "FSDP2 on this machine's GPU(s), in one JSON and one markdown table.")
-    p.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition (the CPU, ~1 min)")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition (the CPU, seconds)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cuda or cpu")
     p.add_argument("--out", default=str(BENCH / "results"), help="folder of gpu-<device>.json and .md")
     p.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS,
@@ -245,6 +249,22 @@ def parse_args(argv):
     a = p.parse_args(argv)
     a.s = SMOKE if a.smoke else FULL
     return a
+
+
+def run_section(section, fn, a):
+    """fn()'s result dict (or its error) with its wall time."""
+    t0 = time.perf_counter()
+    try:
+        result = fn()
+    except Exception as e:  # the other sections still run and are written; the exit status says it
+        traceback.print_exc()
+        result = dict(error=f"{type(e).__name__}: {str(e)[-1500:]}")
+    result["wall_s"] = time.perf_counter() - t0
+    print(f"--- {section}: {result['wall_s']:.0f} s", flush=True)
+    gc.collect()
+    if a.device.startswith("cuda"):
+        torch.cuda.empty_cache()  # the next section's peak starts from its own tensors
+    return result
 
 
 def main(argv=None):
@@ -256,19 +276,17 @@ def main(argv=None):
     results = dict(device=name, date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), torch=torch.__version__,
                    command=" ".join(["python bench/gpu.py", *argv]), peak_tflops=a.peak_tflops)
     with tempfile.TemporaryDirectory() as tmp:
-        for section, fn in (("tests", lambda: run_tests(a, tmp)), ("train", lambda: run_train(a)),
-                            ("sampler", lambda: run_sampler(a)), ("fsdp", lambda: run_fsdp(a, argv, tmp))):
-            t0 = time.perf_counter()
-            try:
-                results[section] = fn()
-            except Exception as e:  # the other sections still run and are written; the exit status says it
-                traceback.print_exc()
-                results[section] = dict(error=f"{type(e).__name__}: {str(e)[-1500:]}")
-            results[section]["wall_s"] = time.perf_counter() - t0
-            print(f"--- {section}: {results[section]['wall_s']:.0f} s", flush=True)
-            gc.collect()
-            if a.device.startswith("cuda"):
-                torch.cuda.empty_cache()  # the next section's peak starts from its own tensors
+        sections = dict(tests=lambda: run_tests(a, tmp), train=lambda: run_train(a), sampler=lambda: run_sampler(a),
+                        fsdp=lambda: run_fsdp(a, argv, tmp))
+        # --smoke: the two sections that only wait for a subprocess (pytest, torchrun) run in threads beside the
+        # others, so that their interpreter start-ups overlap (smoke figures are not timings); on a GPU, one by one
+        background = ThreadPoolExecutor(2) if a.smoke else None
+        pending = {s: background.submit(run_section, s, sections[s], a) for s in ("tests", "fsdp")} if a.smoke else {}
+        done = {s: run_section(s, fn, a) for s, fn in sections.items() if s not in pending}
+        done |= {s: f.result() for s, f in pending.items()}
+        if background:
+            background.shutdown()
+        results |= {s: done[s] for s in sections}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / ("gpu-" + "-".join(name.split()))

@@ -109,6 +109,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -594,8 +595,10 @@ def predicted(name, shapes, n_answer, n_masked):
     return {phase: next(v for k, v in p["totals"].items() if k[0] == phase[0]) for phase in PHASES}
 
 
-def check(names, shapes, threads):
-    """Measured vs predicted memory that one step adds, per phase and for the step (the largest phase)."""
+def check(names, shapes, threads, together=False):
+    """Measured vs predicted memory that one step adds, per phase and for the step (the largest phase). together
+    (--smoke): the workers run at once, in threads (each is still a fresh process of its own, so its RSS is its
+    own; only the seconds printed are not one worker's alone)."""
     print(f"\ncheck: one gift.train_step (loss gift, its entropy pass included) in a fresh CPU process, world 1; "
           f"d_model {shapes['d_model']}, {shapes['n_layers']} layers, {shapes['n_heads']} heads, mlp {shapes['mlp']}, "
           f"vocab {shapes['vocab']}, batch {shapes['batch']} x seq {shapes['seq']} (half answer), LoRA r "
@@ -603,9 +606,11 @@ def check(names, shapes, threads):
           f"RoPE and shifted hidden states; MiB above the RSS before the step, predicted / measured")
     print(f"  {'config':20}" + "".join(f" {p[2:]:>26}" for p in PHASES) + f" {'step':>17} {'ratio':>6}")
     rows = {}
+    background = ThreadPoolExecutor(len(names)) if together else None
+    pending = {name: background.submit(measure, name, shapes, threads) for name in names} if together else {}
     for name in names:
         t0 = time.time()
-        m = measure(name, shapes, threads)
+        m = pending[name].result() if together else measure(name, shapes, threads)
         pred = predicted(name, shapes, m["n_answer"], m["n_masked"])
         step_pred, step_meas = max(pred.values()), max(m["peaks"].values())
         rows[name] = dict(predicted=pred, measured=m["peaks"], step_predicted=step_pred, step_measured=step_meas,
@@ -614,6 +619,8 @@ def check(names, shapes, threads):
                         for p in PHASES)
         print(f"  {name:20}{cells} {step_pred / MiB:7.0f} /{step_meas / MiB:7.0f} {step_meas / step_pred:6.2f}"
               f"   ({time.time() - t0:.0f} s)")
+    if background:
+        background.shutdown()
     return rows
 
 
@@ -629,8 +636,8 @@ def parse_args(argv=None):
                    help=f"also run the check: {len(CHECKS)} configurations, each one step in a fresh process "
                         "(~1.5 min)")
     p.add_argument("--smoke", action="store_true",
-                   help=f"the tables, and the check of {len(SMOKE_CHECKS)} configurations at tiny shapes (seconds; "
-                        "ratios not meaningful)")
+                   help=f"the tables, and the check of {len(SMOKE_CHECKS)} configurations at tiny shapes, their "
+                        "processes at once (seconds; ratios not meaningful)")
     p.add_argument("--configs", default=None,
                    help="comma-separated check configurations (default all): " + ", ".join(CHECKS))
     p.add_argument("--threads", type=int, default=2, help="torch threads in the check's processes")
@@ -658,7 +665,7 @@ def main(argv=None):
     plans |= {name: show(s) for name, s in dream_recipes().items()}
     rows = None
     if a.smoke:
-        rows = check(a.configs or SMOKE_CHECKS, SMOKE_SHAPES, a.threads)
+        rows = check(a.configs or SMOKE_CHECKS, SMOKE_SHAPES, a.threads, together=True)
     elif a.check:
         rows = check(a.configs or list(CHECKS), CHECK_SHAPES, a.threads)
         outside = [name for name, row in rows.items() if abs(row["ratio"] - 1) > TOLERANCE]

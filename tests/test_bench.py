@@ -20,9 +20,6 @@ from gift import first_pass_betas
 from on_model import model_loss, model_objective
 from sample import generate
 
-SCRIPTS = ("train_step", "memory", "sampler")
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread
 
 
@@ -33,17 +30,23 @@ def bench_module(name):
     return module
 
 
+def smoke_in_process(name, capsys):
+    """What `python bench/<name>.py --smoke` prints, its main run in this process: the smoke tests need no fresh
+    one (bench/memory.py measures each variant in a fresh worker process of its own all the same)."""
+    bench_module(name).main(["--smoke"])
+    return capsys.readouterr().out
+
+
 @pytest.fixture(scope="module")
-def smoke_runs():
-    """The three smoke runs, started together (they are mostly interpreter start-up) and awaited by each test."""
+def train_step_run():
+    """`python bench/train_step.py --smoke`, started at the first smoke test (test_memory_smoke, whose workers it
+    overlaps) and awaited by test_train_step_smoke: a subprocess, so that it runs beside this process."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    procs = {name: subprocess.Popen([sys.executable, str(REPO / "bench" / f"{name}.py"), "--smoke"], cwd=REPO,
-                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name in SCRIPTS}
-    yield procs
-    for p in procs.values():
-        if p.poll() is None:
-            p.kill()
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "train_step.py"), "--smoke"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
 
 
 def finished(proc):
@@ -69,11 +72,34 @@ def train_step_rows(out):
     return rows
 
 
-def test_train_step_smoke(smoke_runs):
+def test_memory_smoke(train_step_run, monkeypatch, capsys):
+    """Both variants measured, the ratios those of the printed figures (up to their rounding to whole MB), and the
+    target line repeating them with the right verdicts."""
+    monkeypatch.setenv("PYTHONWARNINGS", "ignore")  # for its worker processes
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    out = smoke_in_process("memory", capsys)
+    batch, seq, vocab = (int(re.search(rf"{k} (\d+)", out).group(1)) for k in ("batch", "seq", "vocab"))
+    logits_mb = float(re.search(r"float32 logits tensor = (\S+) MB", out).group(1))
+    assert abs(logits_mb - batch * seq * vocab * 4 / 2**20) <= 0.5
+    rows = {f[0]: [float(x) for x in f[1:]] for f in map(str.split, out.splitlines())
+            if f and f[0] in ("gift-ours", "gift-naive")}
+    (peak, step, ratio, step_ratio), (naive_peak, naive_step) = rows["gift-ours"], rows["gift-naive"]
+    for p, s in ((peak, step), (naive_peak, naive_step)):
+        assert positive(p) and 0 <= s <= p, out
+    for ours, naive, printed in ((peak, naive_peak, ratio), (step, naive_step, step_ratio)):
+        # MB printed as integers, ratios to 3 decimals: within those roundings (and a float's margin)
+        assert (ours - 0.5) / (naive + 0.5) - 0.0006 <= printed <= (ours + 0.5) / max(naive - 0.5, 1e-9) + 0.0006, out
+    whole, v1, own, v2 = re.search(r"gift-ours: whole process (\S+) \((yes|NO)\), the step's own memory (\S+) "
+                                   r"\((yes|NO)\)", out).groups()
+    assert (float(whole), float(own)) == (ratio, step_ratio)
+    assert (v1, v2) == tuple("yes" if x <= 0.25 else "NO" for x in (ratio, step_ratio))
+
+
+def test_train_step_smoke(train_step_run):
     """Every variant has a row of sane figures: times within their min-max, SFT's ratios exactly 1, GIFT's predicted
     FLOP ratio above 1 (the entropy pass) and below 2, gift-elbo masking and costing what gift does, the measured
     memory consistent, and each target line repeating the table's figures with the right verdict."""
-    out = finished(smoke_runs["train_step"])
+    out = finished(train_step_run)
     rows = train_step_rows(out)
     assert set(rows) == {(m, loss) for m in ("lora", "full")
                          for loss in ("sft", "gift", "gift-elbo", "gift-star", "gift-reuse")}
@@ -104,8 +130,8 @@ def test_train_step_smoke(smoke_runs):
         assert float(measured) == r["ratio"] and (bound or float(predicted) == r["flop_ratio"]), (mode, loss, out)
         if abs(float(measured) - limit) > 0.0011:  # the printed figures are rounded: no verdict at the boundary
             assert verdict == ("yes" if float(measured) <= limit else "NO"), (mode, loss, measured, limit, verdict)
-    reuse = re.findall(r"\n  (\w+) gift --beta-refresh-epochs 4: \(gift \+ 3 x gift-reuse\) / 4 = (\S+) x SFT <= 1\.10: "
-                       r"(yes|NO) \(K = 1: (\S+), K = infinity: (\S+)\)", out)
+    reuse = re.findall(r"\n  (\w+) gift --beta-refresh-epochs 4: \(gift \+ 3 x gift-reuse\) / 4 = (\S+) x SFT "
+                       r"<= 1\.10: (yes|NO) \(K = 1: (\S+), K = infinity: (\S+)\)", out)
     assert len(reuse) == 2, out
     for mode, k4, verdict, k1, kinf in reuse:  # the K = 4 average from the table's own ratios
         gift, cached = rows[mode, "gift"]["ratio"], rows[mode, "gift-reuse"]["ratio"]
@@ -115,32 +141,11 @@ def test_train_step_smoke(smoke_runs):
             assert verdict == ("yes" if float(k4) <= 1.10 else "NO")
 
 
-def test_memory_smoke(smoke_runs):
-    """Both variants measured, the ratios those of the printed figures (up to their rounding to whole MB), and the
-    target line repeating them with the right verdicts."""
-    out = finished(smoke_runs["memory"])
-    batch, seq, vocab = (int(re.search(rf"{k} (\d+)", out).group(1)) for k in ("batch", "seq", "vocab"))
-    logits_mb = float(re.search(r"float32 logits tensor = (\S+) MB", out).group(1))
-    assert abs(logits_mb - batch * seq * vocab * 4 / 2**20) <= 0.5
-    rows = {f[0]: [float(x) for x in f[1:]] for f in map(str.split, out.splitlines())
-            if f and f[0] in ("gift-ours", "gift-naive")}
-    (peak, step, ratio, step_ratio), (naive_peak, naive_step) = rows["gift-ours"], rows["gift-naive"]
-    for p, s in ((peak, step), (naive_peak, naive_step)):
-        assert positive(p) and 0 <= s <= p, out
-    for ours, naive, printed in ((peak, naive_peak, ratio), (step, naive_step, step_ratio)):
-        # MB printed as integers, ratios to 3 decimals: within those roundings (and a float's margin)
-        assert (ours - 0.5) / (naive + 0.5) - 0.0006 <= printed <= (ours + 0.5) / max(naive - 0.5, 1e-9) + 0.0006, out
-    whole, v1, own, v2 = re.search(r"gift-ours: whole process (\S+) \((yes|NO)\), the step's own memory (\S+) "
-                                   r"\((yes|NO)\)", out).groups()
-    assert (float(whole), float(own)) == (ratio, step_ratio)
-    assert (v1, v2) == tuple("yes" if x <= 0.25 else "NO" for x in (ratio, step_ratio))
-
-
-def test_sampler_smoke(smoke_runs):
+def test_sampler_smoke(capsys):
     """The exact sampler's table (tokens asserted identical by the script itself): speed-up = ours / reference
     tokens/s within its min-max; the fast sampler's table: every mode once per shape, exact at 1.00 with agreement
     1, every figure in range, and the target line repeating the best body-heavy speed-up."""
-    out = finished(smoke_runs["sampler"])
+    out = smoke_in_process("sampler", capsys)
     assert "projection for LLaDA-8B" in out
     exact = {f[0]: [float(x) for x in f[4:7]] + [float(x) for x in f[7].split("-")]
              for f in map(str.split, out.splitlines()) if len(f) == 9 and f[0] in ("head-heavy", "body-heavy")}

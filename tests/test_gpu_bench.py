@@ -1,12 +1,12 @@
 """bench/gpu.py --smoke: the GPU command's code on the CPU at tiny shapes, so that it cannot rot between GPU runs.
-Every section is in the JSON with finite figures, and in the markdown."""
+Every section is in the JSON with finite figures, and in the markdown. Its main runs in this process (it needs no
+fresh one: the device tests, the memory measurement and FSDP2 run in subprocesses of their own, as on a GPU)."""
 
+import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
 
+import pytest
 from conftest import REPO
 
 
@@ -19,11 +19,17 @@ def numbers(x):
     return [x] if isinstance(x, (int, float)) and not isinstance(x, bool) else []
 
 
-def test_gpu_bench_smoke_writes_every_section(tmp_path):
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "gpu.py"), "--smoke", "--device", "cpu", "--out",
-                          str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+def test_gpu_bench_smoke_writes_every_section(tmp_path, monkeypatch, capsys, one_thread):
+    monkeypatch.setenv("PYTHONWARNINGS", "ignore")  # for its subprocesses: pytest, the memory worker, torchrun
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "bench" / "gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    try:
+        gpu.main(["--smoke", "--device", "cpu", "--out", str(tmp_path)])
+    except SystemExit as e:  # a failed section (or failed device tests): exit status 1
+        out = capsys.readouterr()
+        pytest.fail(f"bench/gpu.py --smoke exited {e.code}:\n{out.out[-3000:]}\n{out.err[-3000:]}")
     results = json.loads((tmp_path / "gpu-cpu.json").read_text())
     md = (tmp_path / "gpu-cpu.md").read_text()
 

@@ -7,8 +7,6 @@ sample.py, on synthetic sharded bf16 folders) runs every step to success and pri
 import importlib.util
 import json
 import re
-import subprocess
-import sys
 from types import SimpleNamespace
 
 from conftest import REPO
@@ -48,19 +46,20 @@ def test_tokenizer_has_llada_special_ids(tmp_path):
         assert tokenizer.decode(encode(tokenizer, text)) == text
 
 
-def test_scale_smoke():
-    """All four steps of the dry run succeed at tiny widths, and the table lists each with exit status 0."""
-    result = subprocess.run([sys.executable, str(REPO / "bench" / "scale.py"), "--smoke", "--threads", "1"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
-    table = result.stdout[result.stdout.index("\nstep "):].splitlines()
+def test_scale_smoke(capsys, one_thread):
+    """All four steps of the dry run succeed at tiny widths, and the table lists each with exit status 0. Its main
+    runs in this process (the steps it times are subprocesses of their own)."""
+    status = scale_module().main(["--smoke", "--threads", "1"])
+    stdout = capsys.readouterr().out
+    assert status == 0, stdout[-5000:]
+    table = stdout[stdout.index("\nstep "):].splitlines()
     for step in STEPS:
         rows = [line for line in table if line.startswith(step)]
         assert len(rows) == 1, f"no table row for {step!r} in:\n" + "\n".join(table)
         name, wall_s, peak_gib, per_process, status = re.split(r"\s{2,}", rows[0].strip())  # columns: 2+ spaces
         assert status == "0" and float(wall_s) > 0 and float(peak_gib) > 0, rows[0]
         assert (per_process.count("+") == 2) == step.startswith("b."), rows[0]  # torchrun: launcher + 2 workers
-    assert "all steps succeeded" in result.stdout
+    assert "all steps succeeded" in stdout
 
 
 def test_tokenizer_has_dream_special_ids(tmp_path):
@@ -87,8 +86,8 @@ def test_dream_folder_is_in_dreams_names(tmp_path):
     """write_model for the dream family: config.json in Dream's names (GQA, biases), Qwen's key names in sharded bf16
     safetensors, and the folder loads back as a Dream model (model.from_pretrained)."""
     scale = scale_module()
-    a = SimpleNamespace(family="dream", **{k: scale.SMOKE["dream"][k] for k in ("d_model", "n_heads", "n_kv_heads",
-                                                                                 "mlp", "shards")})
+    widths = ("d_model", "n_heads", "n_kv_heads", "mlp", "shards")
+    a = SimpleNamespace(family="dream", **{k: scale.SMOKE["dream"][k] for k in widths})
     n_params, n_shards = scale.write_model(tmp_path, a, 2, 1024, seed=0)
     raw = json.loads((tmp_path / "config.json").read_text())
     assert raw["model_type"] == "Dream" and (raw["hidden_size"], raw["num_attention_heads"],
