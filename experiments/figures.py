@@ -12,10 +12,14 @@
   gift_vs_sft.png   The toy study (experiments/README.md): held-out accuracy of GIFT and its variants minus SFT's,
                     for each of the 9 (base, seed) pairs, with the mean and the 95% interval, from
                     experiments/results/{sudoku,countdown}/results.csv and summary.csv.
-  masks.png         What GIFT masks: gift.py's first-pass betas (Algorithm 1, entropy ** 0.5) of the 16 answer digits
-                    of held-out Sudoku puzzles, for the main job's architecture untrained (its seed-42 initialisation)
-                    and trained (the copy of its final model in experiments/figures/data/sudoku-tiny/model/), blanks
-                    against givens, and each digit's masking probability at t = 0.5 (Theorem 1).
+  curves.png        The toy study's learning curves: held-out accuracy of SFT and GIFT against the optimizer step and
+                    against cost (GIFT's step costs 1.3 SFT steps), mean and 95% interval over the 9 (base, seed) runs,
+                    and GIFT minus SFT paired by base and seed, both tasks, from experiments/results/*/curves.csv
+                    (gift_vs_sft.py --curve-points 8: the command is in experiments/README.md).
+  masks.png         What GIFT masks: gift.py's first-pass betas (Algorithm 1, entropy ** 0.5) over held-out answers
+                    under the toy study's first base and under its GIFT fine-tuned model: Sudoku's 16 answer digits as
+                    a grid (blanks against givens), Countdown's answer character by character, from
+                    experiments/results/*/masks.json (written by the same study runs).
 
 Each PNG's caption names the commit of the data it draws and this command. The data functions (plain Python and
 gift.py's Part I) are tested by tests/test_plot.py without matplotlib; the drawing functions import it.
@@ -23,17 +27,17 @@ gift.py's Part I) are tested by tests/test_plot.py without matplotlib; the drawi
 
 import csv
 import json
+import statistics
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]  # gift.py at the repository root; plot.py beside this file
+from gift_vs_sft import paired_test  # noqa: E402
 from plot import caption, metric_series, pyplot, read_metrics, repo_commit  # noqa: E402
 
 FIGURES = HERE / "figures"
 MAIN_JOB = FIGURES / "data" / "sudoku-tiny"  # copies of runs/sudoku-tiny/{metrics.jsonl,results.json}
-# a main job's final model (config.json, model.safetensors, tokenizer.json, sudoku_heldout.csv) and its results.json
-MAIN_MODEL = MAIN_JOB / "model"
 RESULTS = HERE / "results"
 COMMAND = "python experiments/figures.py"
 
@@ -108,57 +112,62 @@ def study_data(task, metric):
     return out, ", ".join(commits)
 
 
-def heldout_puzzles(folder=MAIN_MODEL, n=None):
-    """[(puzzle, solution)] of the model folder's sudoku_heldout.csv, in file order (the first n)."""
-    rows = [(r["Puzzle"], r["Solution"]) for r in read_csv(folder / "sudoku_heldout.csv")]
-    return rows[:n]
+def mean_interval(values):
+    """(mean, lo, hi): the mean of `values` and its 95% Student t interval (the study's paired_test against 0)."""
+    test = paired_test(values, [0.0] * len(values))
+    return test["diff"], test["lo"], test["hi"]
 
 
-def masks_data(folder=MAIN_MODEL, n=5, t=0.5, init_seed=42):
-    """What GIFT masks, for the first n held-out puzzles: gift.py's first_pass_betas ("entropy") of each answer
-    position, from the folder's model (float32) and from the same architecture untrained
-    (LLaDA(config).init_weights(seed 42), the main job's initialisation). The answer is
-    "<answer>{16 digits}</answer><|eot_id|>": its 16 digit positions are kept. Returns dict(puzzles, blanks (n, 16)
-    bools, and for "untrained" / "trained": betas (n, 16), t_i (n, 16) at `t` (gift_mask_probs, beta_ref the row's
-    mean over the whole answer), mean_blank, mean_given (the mean beta over all blank / given cells)), as lists."""
+def curves_data(task, metric):
+    """The toy study's learning curves (experiments/results/<task>/curves.csv, gift_vs_sft.py --curve-points): for
+    "sft" and "gift", the steps and at each the mean and 95% interval of `metric` over the (base, seed) runs, and the
+    objective's cost x SFT; for "gift - sft", the paired difference (same base and seed) at each step. Also the
+    number of runs, the held-out examples graded per point, and the commit."""
+    rows = read_csv(RESULTS / task / "curves.csv")
+    runs = {}  # objective -> {(base, seed): {step: value}}
+    for r in rows:
+        runs.setdefault(r["objective"], {}).setdefault((r["base"], r["seed"]), {})[int(r["step"])] = float(r[metric])
+    pairs = sorted(set(runs["sft"]) & set(runs["gift"]))
+    steps = sorted(set.intersection(*(set(runs[o][k]) for o in ("sft", "gift") for k in pairs)))
+    out = {}
+    for objective in ("sft", "gift"):
+        cost = float(next(r["cost_vs_sft"] for r in rows if r["objective"] == objective))
+        stats = [mean_interval([runs[objective][k][s] for k in pairs]) for s in steps]
+        out[objective] = dict(steps=steps, cost=cost, stats=stats)
+    out["gift - sft"] = dict(steps=steps, stats=[mean_interval([runs["gift"][k][s] - runs["sft"][k][s]
+                                                                for k in pairs]) for s in steps])
+    return out, len(pairs), int(rows[0]["n_heldout"]), ", ".join(sorted({r["commit"][:7] for r in rows}))
+
+
+def masks_data(task, t=0.5):
+    """What GIFT masks before and after fine-tuning (experiments/results/<task>/masks.json, written by
+    gift_vs_sft.py): each example's answer tokens, their labels and, for "base" and "gift" (its gift run's final
+    model), the betas and Theorem 1's masking probability t_i at `t` (gift.py's gift_mask_probs, beta_ref the mean over
+    the whole answer). Also the mean beta per label over the examples, for the title."""
     import torch
-    import data
     import gift
-    from model import LLaDA
-    tokenizer = data.load_tokenizer(folder)
-    pairs = heldout_puzzles(folder, n)
-    examples = data.sudoku_examples(tokenizer, pairs)
-    trained = LLaDA.from_pretrained(folder, dtype=torch.float32)
-    untrained = LLaDA(trained.config).init_weights(torch.Generator().manual_seed(init_seed)).float()
-    pad_id = data.special_ids(tokenizer, trained.config).pad
-    input_ids, answer_mask = gift.collate(examples, pad_id)
-    mask_id = trained.config.mask_token_id
-    prefix = len(tokenizer.encode("<answer>", add_special_tokens=False).ids)
-    digits = [range(prompt_len + prefix, prompt_len + prefix + 16) for _, prompt_len in examples]
-    for (ids, prompt_len), (_, solution), cols in zip(examples, pairs, digits):  # the 16 positions are the digits
-        assert tokenizer.decode([ids[c] for c in cols]) == solution
-    blanks = [[ch == "0" for ch in puzzle] for puzzle, _ in pairs]
-    out = dict(puzzles=[p for p, _ in pairs], blanks=blanks, t=t)
-    for name, model in (("untrained", untrained), ("trained", trained)):
-        beta = gift.first_pass_betas(model, "entropy", input_ids, answer_mask, mask_id)  # (n, L)
-        t_i = gift.gift_mask_probs(torch.full((len(pairs),), t), beta, answer_mask)  # (n, L)
-        rows = [beta[k, cols].tolist() for k, cols in enumerate(digits)]
-        probs = [t_i[k, cols].tolist() for k, cols in enumerate(digits)]
-        cells = [(b, blank) for row, brow in zip(rows, blanks) for b, blank in zip(row, brow)]
-        mean = lambda xs: sum(xs) / len(xs)
-        out[name] = dict(betas=rows, t_i=probs, mean_blank=mean([b for b, blank in cells if blank]),
-                         mean_given=mean([b for b, blank in cells if not blank]))
-    return out
+    record = json.loads((RESULTS / task / "masks.json").read_text())
+    for ex in record["examples"]:
+        for model in ("base", "gift"):
+            beta = torch.tensor([ex[f"beta_{model}"]], dtype=torch.float64)  # (1, answer)
+            ex[f"t_{model}"] = gift.gift_mask_probs(torch.tensor([t], dtype=torch.float64), beta,
+                                                    torch.ones_like(beta, dtype=torch.bool))[0].tolist()
+    labels = sorted({lab for ex in record["examples"] for lab in ex["labels"]})
+    record["mean"] = {model: {lab: statistics.mean(b for ex in record["examples"]
+                                                   for b, l in zip(ex[f"beta_{model}"], ex["labels"]) if l == lab)
+                              for lab in labels} for model in ("base", "gift")}
+    record["t"] = t
+    return record
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Drawing: matplotlib
 
 
-def save(fig, out):
-    """Lay the figure out above its caption, write it at 100 dpi, and free it."""
+def save(fig, out, dpi=100):
+    """Lay the figure out above its caption, write it (each PNG stays under ~150 KB), and free it."""
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    fig.savefig(out, dpi=100)
+    fig.savefig(out, dpi=dpi)
     pyplot().close(fig)
 
 
@@ -240,47 +249,120 @@ def draw_gift_vs_sft(out):
     save(fig, out)
 
 
-def draw_masks(out, n=5):
+def draw_curves(out):
     plt = pyplot()
+    fig, axes = plt.subplots(2, 3, figsize=(12, 6.2))
+    commits, notes = set(), []
+    for row, (task, metric, title) in zip(axes, TASKS):
+        d, n_runs, n_heldout, commit = curves_data(task, metric)
+        commits.add(commit)
+        notes.append(f"{task}: {n_runs} runs each, {n_heldout} held-out examples per point")
+        for objective, color in (("sft", "C0"), ("gift", "C3")):
+            c = d[objective]
+            mean, lo, hi = zip(*c["stats"])
+            for ax, scale in ((row[0], 1.0), (row[1], c["cost"])):
+                x = [s * scale for s in c["steps"]]
+                ax.plot(x, mean, color=color, marker="o", ms=3, lw=1.5,
+                        label=objective.upper() + (f" (a step costs {c['cost']:g} SFT steps)"
+                                                   if ax is row[1] and objective != "sft" else ""))
+                ax.fill_between(x, lo, hi, color=color, alpha=0.15, lw=0)
+        c = d["gift - sft"]
+        mean, lo, hi = zip(*c["stats"])
+        row[2].plot(c["steps"], mean, color="C3", marker="o", ms=3, lw=1.5)
+        row[2].fill_between(c["steps"], lo, hi, color="C3", alpha=0.18, lw=0)
+        row[2].axhline(0, color="k", lw=0.8)
+        row[0].set(xlabel="optimizer step", ylabel=f"{title.split(': ')[1]}, %")
+        row[1].set(xlabel="cost, in SFT optimizer steps (alternated timing)")
+        row[2].set(xlabel="optimizer step", ylabel="GIFT minus SFT, points")
+        row[0].set_title(f"{title}: mean and 95% interval", fontsize=9)
+        row[1].set_title("the same against cost", fontsize=9)
+        row[2].set_title("paired difference (same base and seed)", fontsize=9)
+        for ax in row:
+            ax.grid(alpha=0.3)
+        for ax in row[:2]:
+            ax.legend(fontsize=7, loc="lower right")
+    caption(fig, f"toy study (experiments/README.md), step 0 = the base; {'; '.join(notes)};\nruns made at commit "
+                 f"{', '.join(sorted(commits))} (experiments/results/*/curves.csv); redraw: {COMMAND}")
+    save(fig, out, dpi=90)
+
+
+def draw_sudoku_masks(fig, d, n):
+    """The Sudoku half of masks.png: a 4x4 grid of the 16 answer digits' betas per puzzle, base and fine-tuned."""
     from matplotlib.patches import Rectangle
-    d = masks_data(n=n)
-    res = json.loads((MAIN_MODEL / "results.json").read_text())
-    rows = (("untrained", "betas", "beta, untrained"), ("trained", "betas", "beta, trained"),
-            ("untrained", "t_i", f"t_i at t = {d['t']:g}, untrained"), ("trained", "t_i", f"t_i at t = {d['t']:g}, trained"))
-    fig, axes = plt.subplots(len(rows), n, figsize=(1.55 * n + 1.6, 1.55 * len(rows) + 1.2), squeeze=False)
-    fig.subplots_adjust(left=0.06, right=0.88, top=0.88, bottom=0.07, wspace=0.08, hspace=0.12)
-    vmax_beta = max(max(max(r) for r in d[m]["betas"]) for m in ("untrained", "trained"))
-    for row, (model, key, label) in enumerate(rows):
-        vmax = vmax_beta if key == "betas" else 1.0
-        cmap = "viridis" if key == "betas" else "magma"
-        for k in range(n):
+    axes = fig.subplots(2, n, squeeze=False)
+    vmax = max(max(ex[f"beta_{m}"]) for ex in d["examples"][:n] for m in ("base", "gift"))
+    for row, model in enumerate(("base", "gift")):
+        for k, ex in enumerate(d["examples"][:n]):
             ax = axes[row][k]
-            grid = [d[model][key][k][4 * i:4 * i + 4] for i in range(4)]
-            im = ax.imshow(grid, vmin=0, vmax=vmax, cmap=cmap)
-            for c, (blank, digit) in enumerate(zip(d["blanks"][k], d["puzzles"][k])):
-                i, j = divmod(c, 4)
-                if blank:
-                    ax.add_patch(Rectangle((j - 0.45, i - 0.45), 0.9, 0.9, fill=False, ec="red", lw=1.6))
-                value = d[model][key][k][c]
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=6,
-                        color="white" if value < 0.6 * vmax else "black")
+            cells = [i for i, lab in enumerate(ex["labels"]) if lab in ("blank", "given")]  # the 16 digits
+            values = [ex[f"beta_{model}"][i] for i in cells]
+            im = ax.imshow([values[4 * i:4 * i + 4] for i in range(4)], vmin=0, vmax=vmax, cmap="viridis")
+            for c, i in enumerate(cells):
+                y, x = divmod(c, 4)
+                if ex["labels"][i] == "blank":
+                    ax.add_patch(Rectangle((x - 0.45, y - 0.45), 0.9, 0.9, fill=False, ec="red", lw=1.6))
+                ax.text(x, y, f"{values[c]:.2f}", ha="center", va="center", fontsize=6,
+                        color="white" if values[c] < 0.6 * vmax else "black")
             ax.set_xticks([])
             ax.set_yticks([])
             if row == 0:
-                ax.set_title(f"puzzle {d['puzzles'][k]}", fontsize=7)
+                ax.set_title(f"puzzle {ex['item'][0]}", fontsize=7)
             if k == 0:
-                ax.set_ylabel(label, fontsize=8)
-        if row in (1, 3):  # one colour bar per shared scale, beside its two rows
-            top, bottom = axes[row - 1][-1].get_position(), axes[row][-1].get_position()
-            bar = fig.add_axes((bottom.x1 + 0.015, bottom.y0, 0.012, top.y1 - bottom.y0))
-            fig.colorbar(im, cax=bar).ax.tick_params(labelsize=7)
-    u, tr = d["untrained"], d["trained"]
-    fig.suptitle(f"What GIFT masks: first-pass betas (entropy ** 0.5) of the 16 answer digits, red = blank cell\n"
-                 f"mean beta, blanks / givens: untrained {u['mean_blank']:.3f} / {u['mean_given']:.3f}, "
-                 f"trained {tr['mean_blank']:.3f} / {tr['mean_given']:.3f} (these {n} puzzles)", fontsize=8)
-    caption(fig, f"main job (torchrun --nproc_per_node 2 gift.py) at commit {res['commit']}, final model copied to "
-                 f"experiments/figures/data/sudoku-tiny/model/;\nuntrained = its seed-42 init; gift.py at "
-                 f"{repo_commit('gift.py')}; redraw: {COMMAND}")
+                ax.set_ylabel("the base" if model == "base" else "after GIFT", fontsize=8)
+    fig.colorbar(im, ax=axes, fraction=0.02, pad=0.01).ax.tick_params(labelsize=7)
+    m = d["mean"]
+    fig.suptitle("What GIFT masks: first-pass betas (entropy ** 0.5, Algorithm 1) of held-out answers under the toy "
+                 "study's first base, before and after fine-tuning with GIFT\n"
+                 f"4x4 Sudoku (red: a blank cell). Mean beta, blanks / givens: base {m['base']['blank']:.2f} / "
+                 f"{m['base']['given']:.2f}, after GIFT ({d['steps']} steps) {m['gift']['blank']:.2f} / "
+                 f"{m['gift']['given']:.2f} (means over masks.json's {len(d['examples'])} puzzles)", fontsize=8)
+
+
+def draw_countdown_masks(fig, d, n):
+    """The Countdown half of masks.png: each answer character coloured by its beta, base and fine-tuned, up to the
+    first <|eot_id|> (the rest is padding)."""
+    examples = d["examples"][:n]
+    axes = fig.subplots(2 * n, 1, squeeze=False, gridspec_kw=dict(hspace=0.6, left=0.08, right=0.9, bottom=0.1))[:, 0]
+    vmax = max(max(ex[f"beta_{m}"]) for ex in examples for m in ("base", "gift"))
+    for k, ex in enumerate(examples):
+        end = ex["labels"].index("eot") + 1 if "eot" in ex["labels"] else len(ex["labels"])
+        for j, model in enumerate(("base", "gift")):
+            ax = axes[2 * k + j]
+            values = ex[f"beta_{model}"][:end]
+            im = ax.imshow([values], vmin=0, vmax=vmax, cmap="viridis", aspect="auto")
+            for x, (token, value) in enumerate(zip(ex["tokens"][:end], values)):
+                ax.text(x, 0, token or "eot", ha="center", va="center", fontsize=6 if token else 4,
+                        color="white" if value < 0.6 * vmax else "black")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            item = ex["item"]
+            ax.set_ylabel("base" if model == "base" else "GIFT", fontsize=7, rotation=0, ha="right", va="center")
+            if j == 0:
+                ax.set_title(f"numbers {item['numbers']}, target {item['target']}", fontsize=7, loc="left", pad=2)
+    fig.colorbar(im, ax=list(axes), fraction=0.02, pad=0.01).ax.tick_params(labelsize=7)
+    m = d["mean"]
+
+    def mean(model):  # over every character of the expressions
+        return statistics.mean(b for ex in d["examples"] for b, lab in zip(ex[f"beta_{model}"], ex["labels"])
+                               if lab in ("digit", "operator", "parenthesis"))
+    fig.suptitle("toy Countdown, one token per character.\nMean beta, the expression's characters / the fixed "
+                 f"<answer>\\boxed{{: base {mean('base'):.2f} / {m['base']['prefix']:.2f}, after GIFT ({d['steps']} "
+                 f"steps) {mean('gift'):.2f} / {m['gift']['prefix']:.2f} (means over masks.json's {len(d['examples'])} "
+                 "problems)",
+                 fontsize=8)
+
+
+def draw_masks(out, n=4):
+    plt = pyplot()
+    sudoku_d, countdown_d = masks_data("sudoku"), masks_data("countdown")
+    fig = plt.figure(figsize=(10, 8.4))
+    top, bottom = fig.subfigures(2, 1, height_ratios=(1.1, 1))
+    draw_sudoku_masks(top, sudoku_d, n)
+    draw_countdown_masks(bottom, countdown_d, n)
+    commits = sorted({sudoku_d["commit"][:7], countdown_d["commit"][:7]})
+    caption(fig, f"experiments/results/{{sudoku,countdown}}/masks.json (base {sudoku_d['base']}, its gift run seed "
+                 f"{sudoku_d['seed']}), made at commit {', '.join(commits)};\nTheorem 1 masks token i at rate "
+                 f"1 - (1 - t)^(beta_i / mean beta); redraw: {COMMAND}")
     fig.savefig(out, dpi=100)
     plt.close(fig)
 
@@ -288,7 +370,7 @@ def draw_masks(out, n=5):
 def main():
     FIGURES.mkdir(exist_ok=True)
     for name, draw in (("theorem1.png", draw_theorem1), ("main_job.png", draw_main_job),
-                       ("gift_vs_sft.png", draw_gift_vs_sft), ("masks.png", draw_masks)):
+                       ("gift_vs_sft.png", draw_gift_vs_sft), ("curves.png", draw_curves), ("masks.png", draw_masks)):
         draw(FIGURES / name)
         print(f"figures: {FIGURES / name} ({(FIGURES / name).stat().st_size // 1024} KB)")
 

@@ -149,7 +149,7 @@ class Plan:
                                                           "analysis (--curve-points replaces it when given)"})
     curve_points: int = field(default=0, metadata={"help": "sft and gift equal-step runs: also grade the held-out set "
                                                            "at this many evenly spaced steps (the learning curves of "
-                                                           "curves.csv and experiments/figures.py); 0 = at the end only"})
+                                                           "curves.csv, experiments/figures.py); 0 = at the end only"})
     curve_heldout: int = field(default=256, metadata={"help": "held-out examples (the first ones) graded at each "
                                                               "curve point, the base's included"})
     n_masks: int = field(default=6, metadata={"help": "held-out examples whose answer betas masks.json keeps, from "
@@ -987,7 +987,8 @@ def main(argv=None):
     text = markdown(plan, command, commit, summary, results, bases, wall_s, costs, budgets, steps)
     (out / "results.md").write_text(text)
     print(text)
-    written = ["results.csv", "summary.csv", "results.md"] + ["curves.csv"] * bool(curves) + ["masks.json"] * bool(masks)
+    written = ["results.csv", "summary.csv", "results.md"] + ["curves.csv"] * bool(curves) + ["masks.json"] * bool(
+        masks)
     print(f"wrote {', '.join(str(out / name) for name in written)} ({wall_s / 60:.1f} min)")
 
 

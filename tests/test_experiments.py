@@ -135,6 +135,60 @@ def test_smoke_entropy_analysis_covers_every_blank(smoke):
     assert result["betas"] and all(b[1] > 0 for b in result["betas"])  # (step, beta mean, beta std) logged
 
 
+def check_curves(out, metric, n_curve):
+    """curves.csv (--curve-points 3 in --smoke): for sft and gift, every (base, seed) at steps 0, 2, 4, 6, where step
+    0 is the base's own grade on the first curve_heldout held-out examples, the same for both objectives; the cost
+    column is the objective's cost x SFT."""
+    rows = read_csv(out / "curves.csv")
+    costs = json.loads((out / "costs.json").read_text())["variants"]
+    runs = {}
+    for r in rows:
+        runs.setdefault((r["objective"], r["base"], r["seed"]), {})[int(r["step"])] = float(r[metric])
+        assert float(r["cost_vs_sft"]) == pytest.approx(exp.objective_cost(r["objective"], costs, 3))
+        assert int(r["n_heldout"]) == n_curve and 0 <= float(r[metric]) <= 100
+    assert sorted(runs) == [(o, b, "0") for o in ("gift", "sft") for b in ("0", "1")]
+    assert all(sorted(points) == [0, 2, 4, 6] for points in runs.values())
+    for b in ("0", "1"):
+        base = json.loads((out / f"base{b}" / "base.json").read_text())
+        assert runs[("sft", b, "0")][0] == runs[("gift", b, "0")][0] == base["curve"][metric]
+
+
+def check_masks(out, task, n_masks):
+    """masks.json: the first n_masks held-out examples' answer betas under base 0 and its gift run's final model, one
+    per answer token; the betas under the base are gift.first_pass_betas of that model on the example alone."""
+    import torch
+    import gift
+    from data import load_tokenizer
+    from model import LLaDA
+    record = json.loads((out / "masks.json").read_text())
+    data = json.loads((out / "data" / "data.json").read_text())
+    assert (record["task"], record["base"], record["seed"], record["steps"]) == (task, 0, 0, 6)
+    assert [ex["item"] for ex in record["examples"]] == data["heldout"][:n_masks]
+    model, tokenizer = LLaDA.from_pretrained(out / "base0" / "model"), load_tokenizer(out / "base0" / "model")
+    fields = types.SimpleNamespace(**exp.task_fields(exp.parse_plan(["--smoke", "--task", task])))
+    for ex in record["examples"]:
+        assert len(ex["tokens"]) == len(ex["labels"]) == len(ex["beta_base"]) == len(ex["beta_gift"])
+        assert all(b > 0 and math.isfinite(b) for b in ex["beta_base"] + ex["beta_gift"])
+        assert ex["beta_base"] != ex["beta_gift"]  # fine-tuning moved them
+        (ids, p), = exp.TASKS[task].answer_rows(tokenizer, [ex["item"]], fields)[0]
+        beta = gift.first_pass_betas(model, "entropy", torch.tensor([ids]), (torch.arange(len(ids)) >= p)[None],
+                                     model.config.mask_token_id)[0, p:]
+        assert torch.allclose(beta, torch.tensor(ex["beta_base"]), rtol=1e-4, atol=1e-6)
+    return record
+
+
+def test_smoke_curves_and_masks(smoke):
+    out, _ = smoke
+    check_curves(out, "cell_acc", 8)
+    record = check_masks(out, "sudoku", 2)
+    for ex in record["examples"]:
+        puzzle, solution = ex["item"]
+        digits = [tok for tok, lab in zip(ex["tokens"], ex["labels"]) if lab in ("blank", "given")]
+        assert "".join(digits) == solution
+        assert [lab == "blank" for lab in ex["labels"] if lab != "fixed"] == [ch == "0" for ch in puzzle]
+        assert "".join(ex["tokens"]) == f"<answer>{solution}</answer>"  # <|eot_id|> decodes to ""
+
+
 def test_rerun_reuses_the_base_the_costs_and_the_finished_runs(smoke):
     out, _ = smoke
     before = {p: p.stat().st_mtime_ns for p in [*out.glob("base*/base.json"), *out.glob("runs/*/*/result.json"),
@@ -350,6 +404,16 @@ def test_unencodable_characters_fail_in_one_line():
     problem = dict(numbers=[3, 4], target=12, expression="3×4")
     with pytest.raises(ValueError, match="cannot encode: '×'"):
         countdown.check_prompts(countdown.make_tokenizer(), [problem], plan_for())
+
+
+def test_countdown_smoke_curves_and_masks(smoke_countdown):
+    out, _ = smoke_countdown
+    check_curves(out, "acc", 8)
+    for ex in check_masks(out, "countdown", 2)["examples"]:
+        text = "".join(tok for tok, lab in zip(ex["tokens"], ex["labels"]) if lab in ("digit", "operator",
+                                                                                       "parenthesis"))
+        assert text == ex["item"]["expression"]
+        assert "".join(ex["tokens"]) == countdown.PREFIX + ex["item"]["expression"] + countdown.SUFFIX
 
 
 def test_countdown_smoke_run_writes_the_tables(smoke_countdown):

@@ -3,9 +3,11 @@ metrics.jsonl read into series; Theorem 1's curves from gift.py against the clos
 the toy study's pairs against its summary.csv), that importing either file never imports matplotlib, and that
 drawing without it stops in one line saying how to install it."""
 
+import csv
 import importlib.util
 import json
 import math
+import statistics
 import subprocess
 import sys
 
@@ -155,19 +157,74 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path):
                                                      "output folder (its --out)"
 
 
-def test_masks_data_the_trained_model_puts_its_betas_on_the_blanks():
-    """The committed main-job model (experiments/figures/data/sudoku-tiny/model/, ~0.7 MB, CPU): its first-pass
-    betas on the blank cells of held-out puzzles are several times those on the givens, which it can copy from the
-    prompt; the untrained model (the main job's seed-42 initialisation) is near-uniform everywhere (beta close to
-    sqrt(log vocab)), so blanks and givens get the same beta and, at t = 0.5, the same t_i = 0.5."""
-    d = figures.masks_data(n=8)
-    assert len(d["puzzles"]) == 8 and all(len(row) == 16 for row in d["trained"]["betas"])
-    assert sum(map(sum, d["blanks"])) == 8 * 8  # the held-out puzzles have 8 blanks each
-    trained, untrained = d["trained"], d["untrained"]
-    assert trained["mean_blank"] > 2 * trained["mean_given"]
-    assert untrained["mean_blank"] == pytest.approx(untrained["mean_given"], rel=1e-3)
-    assert untrained["mean_given"] == pytest.approx(math.sqrt(math.log(56)), rel=0.01)
-    assert all(x == pytest.approx(0.5, abs=0.01) for row in untrained["t_i"] for x in row)
-    blank_t = [x for row, b in zip(trained["t_i"], d["blanks"]) for x, blank in zip(row, b) if blank]
-    given_t = [x for row, b in zip(trained["t_i"], d["blanks"]) for x, blank in zip(row, b) if not blank]
-    assert sum(blank_t) / len(blank_t) > 0.5 > sum(given_t) / len(given_t)
+def write_csv_rows(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def test_curves_data_pairs_runs_by_base_and_seed(tmp_path, monkeypatch):
+    """curves_data: per step, the mean over the runs with its 95% t interval (mean +- t_{0.975, n-1} sd / sqrt(n),
+    t_{0.975, 2} = 4.302653), and GIFT - SFT paired by (base, seed), not by row order; a step that some run lacks is
+    left out."""
+    monkeypatch.setattr(figures, "RESULTS", tmp_path)
+    acc = {("sft", "0", "0"): (10, 20), ("sft", "0", "1"): (10, 30), ("sft", "1", "0"): (40, 40),
+           ("gift", "1", "0"): (40, 47), ("gift", "0", "1"): (10, 33), ("gift", "0", "0"): (10, 26)}
+    rows = [dict(objective=o, base=b, seed=s, cost_vs_sft=1.0 if o == "sft" else 1.3, n_heldout=256, step=step,
+                 acc=v, commit="abc1234def") for (o, b, s), values in acc.items() for step, v in zip((0, 8), values)]
+    rows.append(dict(rows[-1], step=16))  # one run only: not a common step
+    write_csv_rows(tmp_path / "countdown" / "curves.csv", rows)
+    d, n_runs, n_heldout, commit = figures.curves_data("countdown", "acc")
+    assert (n_runs, n_heldout, commit) == (3, 256, "abc1234")
+    assert d["sft"]["steps"] == d["gift"]["steps"] == d["gift - sft"]["steps"] == [0, 8]
+    assert (d["sft"]["cost"], d["gift"]["cost"]) == (1.0, 1.3)
+
+    def half(values):
+        return 4.302653 * statistics.stdev(values) / math.sqrt(3)
+    mean, lo, hi = d["sft"]["stats"][1]
+    assert mean == pytest.approx(30) and hi - mean == pytest.approx(half([20, 30, 40]), rel=1e-5)
+    assert mean - lo == pytest.approx(hi - mean)
+    assert d["gift - sft"]["stats"][0] == (0.0, 0.0, 0.0)  # step 0: both are the base
+    mean, lo, hi = d["gift - sft"]["stats"][1]  # the pairs' differences are 6, 3, 7
+    assert mean == pytest.approx(16 / 3) and hi - mean == pytest.approx(half([6, 3, 7]), rel=1e-5)
+
+
+def test_masks_data_applies_theorem_one(tmp_path, monkeypatch):
+    """masks_data: t_i = 1 - (1 - p)^(beta_i / mean beta) (p = (1 - eps) t + eps) for each model's answer, and the
+    mean beta of each label over all examples."""
+    monkeypatch.setattr(figures, "RESULTS", tmp_path)
+    examples = [dict(item=["0100", "2134"], tokens=list("ab"), labels=["blank", "given"], beta_base=[1.0, 3.0],
+                     beta_gift=[2.0, 0.5]),
+                dict(item=["0000", "1234"], tokens=list("cd"), labels=["blank", "blank"], beta_base=[2.0, 2.0],
+                     beta_gift=[1.5, 0.5])]
+    (tmp_path / "sudoku").mkdir()
+    (tmp_path / "sudoku" / "masks.json").write_text(json.dumps(dict(task="sudoku", base=0, seed=0, steps=640,
+                                                                    commit="abc", examples=examples)))
+    d = figures.masks_data("sudoku", t=0.5)
+    p = (1 - 1e-3) * 0.5 + 1e-3
+    for ex in d["examples"]:
+        for model in ("base", "gift"):
+            beta = ex[f"beta_{model}"]
+            expected = [1 - (1 - p) ** (b / (sum(beta) / len(beta))) for b in beta]
+            assert ex[f"t_{model}"] == pytest.approx(expected, abs=1e-12)
+    assert d["mean"]["base"] == pytest.approx(dict(blank=5 / 3, given=3.0))
+    assert d["mean"]["gift"] == pytest.approx(dict(blank=4 / 3, given=0.5))
+
+
+@pytest.mark.parametrize("task, metric", [(task, metric) for task, metric, _ in figures.TASKS])
+def test_the_committed_curves_and_masks_are_whole(task, metric):
+    """experiments/results/<task>/curves.csv and masks.json, as the figures read them: 9 (base, seed) runs of sft and
+    gift at 9 common steps (the base, then every 80 of 640), the last step's mean near the study's own full held-out
+    accuracy, and 6 held-out answers whose labels match the task's layout."""
+    d, n_runs, n_heldout, commit = figures.curves_data(task, metric)
+    assert n_runs == 9 and d["sft"]["steps"] == list(range(0, 641, 80)) and commit
+    assert d["sft"]["cost"] == 1.0 and d["gift"]["cost"] > 1.2
+    for objective in ("sft", "gift"):
+        mean, lo, hi = d[objective]["stats"][-1]
+        assert lo <= mean <= hi and 0 < mean < 100
+    record = figures.masks_data(task)
+    assert len(record["examples"]) == 6
+    for ex in record["examples"]:
+        assert len(ex["tokens"]) == len(ex["labels"]) == len(ex["beta_base"]) == len(ex["beta_gift"])
