@@ -83,16 +83,17 @@ def run_commit(run_dir):
 
 
 def repo_commit(*paths):
-    """This checkout's commit (short), with "+changes" when `paths` (default: every tracked file) differ from it;
-    "unknown" outside git."""
+    """The last commit (short) that changed `paths` (default: any file), with "+changes" when they differ from it in
+    this checkout: a figure computed from them names the code that computed it, and redrawing it at a later commit
+    that left them alone gives the same picture; "unknown" outside git."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        last = subprocess.run(["git", "log", "-1", "--format=%h", "--", *paths], cwd=REPO, capture_output=True,
+                              text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *paths], cwd=REPO,
                                capture_output=True).returncode
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-    return head + ("+changes" if dirty else "")
+    return (last or "unknown") + ("+changes" if dirty else "")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -75,6 +75,18 @@ def test_the_main_jobs_copy_is_whole():
     assert plot.run_commit(figures.MAIN_JOB) == results["commit"]
 
 
+def test_a_figure_names_the_last_commit_that_changed_its_code():
+    """theorem1.png's caption names the last commit that changed gift.py, not HEAD: redrawing at a later commit that
+    left gift.py alone gives the same picture."""
+    last = subprocess.run(["git", "log", "-1", "--format=%h", "--", "gift.py"], cwd=REPO, capture_output=True,
+                          text=True)
+    if last.returncode != 0 or not last.stdout.strip():
+        assert plot.repo_commit("gift.py").startswith("unknown")  # not a git checkout
+        return
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "gift.py"], cwd=REPO).returncode
+    assert plot.repo_commit("gift.py") == last.stdout.strip() + ("+changes" if dirty else "")
+
+
 def test_theorem1_curves_are_the_closed_form():
     """gift.py's t_i for the figure's answer equals 1 - (1 - p)^(beta_i / mean beta), p = (1 - eps) t + eps; r = 1
     is SFT's p; the figure's betas have mean 1, so each curve is labelled by its beta."""
