@@ -280,12 +280,10 @@ def main(argv=None):
                         fsdp=lambda: run_fsdp(a, argv, tmp))
         # --smoke: the two sections that only wait for a subprocess (pytest, torchrun) run in threads beside the
         # others, so that their interpreter start-ups overlap (smoke figures are not timings); on a GPU, one by one
-        background = ThreadPoolExecutor(2) if a.smoke else None
-        pending = {s: background.submit(run_section, s, sections[s], a) for s in ("tests", "fsdp")} if a.smoke else {}
-        done = {s: run_section(s, fn, a) for s, fn in sections.items() if s not in pending}
-        done |= {s: f.result() for s, f in pending.items()}
-        if background:
-            background.shutdown()
+        with ThreadPoolExecutor(2) as background:
+            pending = {s: background.submit(run_section, s, sections[s], a) for s in ("tests", "fsdp") if a.smoke}
+            done = {s: run_section(s, fn, a) for s, fn in sections.items() if s not in pending}
+            done |= {s: f.result() for s, f in pending.items()}
         results |= {s: done[s] for s in sections}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

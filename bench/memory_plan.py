@@ -606,11 +606,11 @@ def check(names, shapes, threads, together=False):
           f"RoPE and shifted hidden states; MiB above the RSS before the step, predicted / measured")
     print(f"  {'config':20}" + "".join(f" {p[2:]:>26}" for p in PHASES) + f" {'step':>17} {'ratio':>6}")
     rows = {}
-    background = ThreadPoolExecutor(len(names)) if together else None
-    pending = {name: background.submit(measure, name, shapes, threads) for name in names} if together else {}
+    background = ThreadPoolExecutor(len(names))
+    pending = {name: background.submit(measure, name, shapes, threads) for name in names if together}
     for name in names:
         t0 = time.time()
-        m = pending[name].result() if together else measure(name, shapes, threads)
+        m = pending[name].result() if name in pending else measure(name, shapes, threads)
         pred = predicted(name, shapes, m["n_answer"], m["n_masked"])
         step_pred, step_meas = max(pred.values()), max(m["peaks"].values())
         rows[name] = dict(predicted=pred, measured=m["peaks"], step_predicted=step_pred, step_measured=step_meas,
@@ -619,8 +619,7 @@ def check(names, shapes, threads, together=False):
                         for p in PHASES)
         print(f"  {name:20}{cells} {step_pred / MiB:7.0f} /{step_meas / MiB:7.0f} {step_meas / step_pred:6.2f}"
               f"   ({time.time() - t0:.0f} s)")
-    if background:
-        background.shutdown()
+    background.shutdown()
     return rows
 
 

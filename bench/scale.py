@@ -405,14 +405,10 @@ def main(argv=None):
 
         # --smoke: b and d (which need nothing from a) run in threads beside a and then c (c reads a's adapter), so
         # that the steps' interpreter start-ups overlap; at real widths one at a time, so that each has the machine
-        background = ThreadPoolExecutor(2) if a.smoke else None
-        pending = {step: background.submit(step) for step in (full_step, sample_step)} if background else {}
-        try:
+        with ThreadPoolExecutor(2) as background:
+            pending = {step: background.submit(step) for step in (full_step, sample_step) if a.smoke}
             results += [pending[step].result() if step in pending else step()
                         for step in (lora_step, full_step, eval_step, sample_step)]
-        finally:
-            if background:
-                background.shutdown()
 
     print_table(results)
     failed = [r["name"] for r in results if r["status"] != 0]
