@@ -48,6 +48,7 @@ MAX_BAD_ROWS_KEPT = 10  # error messages of skipped rows kept in the stats for t
 # as too long unread: rows carry fields no format reads (s1K's other trajectories), so a line's bytes bound its text
 # only loosely; this keeps a line with no end (a file without line breaks) from being held whole
 MAX_LINE_BYTES = 64 << 20
+MAX_FILE_BYTES = 256 << 20  # a data file read whole (eval.py's test and shot files: a few MB)
 
 # d1 / wd1's instruction before each s1K question (github.com/dllm-reasoning/d1, SFT/sft_trainer.py; a test checks it)
 SFT_SYSTEM_PROMPT = ("\nRespond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n"
@@ -224,6 +225,36 @@ def chat_format(tokenizer):
     return "chatml" if tokenizer.token_to_id(IM_START) is not None else "llada"
 
 
+def chat_tokens(tokenizer):
+    """The special tokens the tokenizer's chat format writes into text: ChatML's, or LLaDA's (Llama 3's headers)."""
+    return (IM_START, IM_END) if chat_format(tokenizer) == "chatml" else (BOS, EOT, START_HEADER, END_HEADER)
+
+
+def _ids_of(tokenizer, text):
+    try:
+        return encode(tokenizer, text)
+    except Exception:  # a character with no token (e.g. "Missing [UNK] token")
+        return None
+
+
+def check_chat_tokens(tokenizer, where, hint=""):
+    """The chat format's tokens each read in text as one token, or a one-line ValueError naming `where` (the
+    tokenizer's folder or file). chat_prompt writes them as text: a missing token, or one that is only a plain
+    vocabulary entry (not under 'added_tokens', so the BPE spells it out in pieces), turns the template into ordinary
+    characters the model never saw as one. The one check of gift.py, sample.py and eval.py. Returns {token: id}."""
+    ids = {token: tokenizer.token_to_id(token) for token in chat_tokens(tokenizer)}
+    missing = [token for token, token_id in ids.items() if token_id is None]
+    if missing:
+        raise ValueError(f"{where}: its tokenizer has no chat token {', '.join(missing)}: it is neither LLaDA's nor "
+                         f"Dream's (ChatML, {IM_START}), so there is no chat format to wrap the prompt in{hint}")
+    split = [token for token, token_id in ids.items() if _ids_of(tokenizer, token) != [token_id]]
+    if split:
+        raise ValueError(f"{where}: its tokenizer does not read {', '.join(split)} in text as one token (a plain "
+                         "vocabulary entry, spelled out in pieces); it must be listed under 'added_tokens' in "
+                         f"tokenizer.json{hint}")
+    return ids
+
+
 def special_ids(tokenizer, config):
     """mask / eos / pad from the model config (config.json), the chat-format tokens from the tokenizer. A full model
     config (one with embedding_size, e.g. LLaDAConfig) is also checked against the tokenizer (check_mask_token)."""
@@ -236,12 +267,7 @@ def special_ids(tokenizer, config):
     if getattr(config, "embedding_size", None) is not None:
         check_mask_token(tokenizer, config)
     chatml = chat_format(tokenizer) == "chatml"
-    for token in (IM_START, IM_END) if chatml else (BOS, EOT, START_HEADER, END_HEADER):
-        ids[token] = _token_id(tokenizer, token)
-        # must be an added token, else the BPE would split the literal "<|eot_id|>" of chat_prompt into pieces
-        if encode(tokenizer, token) != [ids[token]]:
-            raise ValueError(f"the tokenizer does not read {token!r} in text as one token; it must be listed under "
-                             "'added_tokens' in tokenizer.json")
+    ids |= check_chat_tokens(tokenizer, "tokenizer.json")
     common = dict(eos=ids["eos_token_id"], pad=ids["pad_token_id"], mask=ids["mask_token_id"])
     if chatml:
         return SpecialIds(**common, eot=ids[IM_END], start_header=ids[IM_START])
@@ -254,6 +280,11 @@ def check_mask_token(tokenizer, config):
     the id of the tokenizer's <|mdm_mask|> (when it has one) and never an ordinary text token, which the model could
     not tell apart from a masked position."""
     E = config.embedding_size
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    if size > E:  # its last ids would index past the embedding (an IndexError, or a CUDA assert, mid-generation)
+        raise ValueError(f"the tokenizer has {size} tokens (ids up to {size - 1}) but the model's embedding only "
+                         f"{E} rows (config.json embedding_size = {E}): tokenizer.json and config.json come from "
+                         "different models")
     for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
         if not 0 <= getattr(config, name) < E:
             raise ValueError(f"config.json field {name!r} = {getattr(config, name)} is outside the embedding "
@@ -362,12 +393,36 @@ def unencodable_characters(tokenizer, text):
     return list(_unencodable(tokenizer, text, _unknown_token(tokenizer)))
 
 
+def mask_token(tokenizer):
+    """(text, id) of the tokenizer's diffusion mask token (<|mdm_mask|>, Dream's <|mask|>); id None without one."""
+    text = DREAM_MASK if chat_format(tokenizer) == "chatml" else MASK
+    return text, tokenizer.token_to_id(text)
+
+
+def _holds_mask(encoding, mask):
+    """Why an encoded text cannot be a prompt or an answer, or None: it holds the mask token (its literal text), which
+    the model would read as a position to fill in, and training would teach as a clean token."""
+    if encoding is not None and mask[1] is not None and mask[1] in encoding.ids:
+        return f"holds the mask token {mask[0]!r} as text (the model reads it as a masked position); remove it"
+    return None
+
+
+def mask_in_text(tokenizer, text):
+    """_holds_mask for a text: why it cannot be given to the model, or None."""
+    return _holds_mask(tokenizer.encode(text, add_special_tokens=False), mask_token(tokenizer))
+
+
 def encode_text(tokenizer, text, what="the prompt"):
     """encode(), refusing text the tokenizer cannot encode faithfully with a one-line ValueError that names the
-    characters (and, for a small vocabulary such as the embedded task's, the alphabet the model can read)."""
+    characters (and, for a small vocabulary such as the embedded task's, the alphabet the model can read), and text
+    holding the mask token."""
     bad = unencodable_characters(tokenizer, text)
     if not bad:
-        return encode(tokenizer, text)
+        encoding = tokenizer.encode(text, add_special_tokens=False)  # as encode()
+        problem = _holds_mask(encoding, mask_token(tokenizer))
+        if problem:
+            raise ValueError(f"{what} {problem}")
+        return encoding.ids
     names = ", ".join(f"{ch!r} (U+{ord(ch):04X})" for ch in bad)
     alphabet = [t for t, _ in sorted(tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])]
     hint = f"; this model reads only {''.join(alphabet)!r}" if len(alphabet) <= 256 else ""
@@ -389,12 +444,12 @@ def encode_pairs(tokenizer, pairs):
                 encodings.append(tokenizer.encode(text, add_special_tokens=False))
             except Exception:
                 encodings.append(None)
-    unk = _unknown_token(tokenizer)
+    unk, mask = _unknown_token(tokenizer), mask_token(tokenizer)
     n, results = len(pairs), []
     for p, a, p_text, a_text in zip(encodings[:n], encodings[n:], texts[:n], texts[n:]):
-        where, problem = "the prompt", _unreadable(tokenizer, p_text, p, unk)
+        where, problem = "the prompt", _unreadable(tokenizer, p_text, p, unk) or _holds_mask(p, mask)
         if problem is None:
-            where, problem = "the answer", _unreadable(tokenizer, a_text, a, unk)
+            where, problem = "the answer", _unreadable(tokenizer, a_text, a, unk) or _holds_mask(a, mask)
         results.append(BadRow(None, f"{where} {problem}") if problem else (p.ids + a.ids + [eot], len(p.ids)))
     return results
 
@@ -573,9 +628,10 @@ def _cr_only(raw):
     return re.search(rb"\r[ \t]*[^\s]", raw) is not None
 
 
-def check_data_file(path, fmt):
-    """load_dataset's checks before any row is read: the format's name, a regular file (a FIFO or /dev/zero would
-    block or never end), UTF-8 (not UTF-16 / UTF-32, which read as invalid JSON). Returns the Path."""
+def check_data_file(path, fmt="auto"):
+    """The checks of every data file gift.py, eval.py (--data, --shot-data) and data.py read, before any row is: the
+    format's name, a regular file (a FIFO or /dev/zero would block or never end, and a pipe read once cannot be
+    hashed after), UTF-8 (not UTF-16 / UTF-32, which read as invalid JSON). Returns the Path."""
     path = Path(path)
     if fmt != "auto" and fmt not in FORMATS:
         raise ValueError(f"unknown data format {fmt!r}; choose one of {FORMATS} or 'auto'")
@@ -590,6 +646,54 @@ def check_data_file(path, fmt):
         raise ValueError(f"data file {path} is not UTF-8: it {wrong[0]}; JSONL must be UTF-8 (convert it, e.g. "
                          f"iconv -f {wrong[1]} -t UTF-8 {path.name} > {path.stem}.utf8.jsonl)")
     return path
+
+
+def read_data_file(path, max_bytes=MAX_FILE_BYTES):
+    """A whole data file's bytes (eval.py's test and shot files), after check_data_file, refused in one line beyond
+    max_bytes rather than held in memory. What is hashed is what was read."""
+    path = check_data_file(path)
+    with open(path, "rb") as f:
+        raw = f.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise ValueError(f"data file {path} is larger than {max_bytes >> 20} MiB, more than a test file holds; give "
+                         "the benchmark's test split")
+    return raw
+
+
+def data_text(path, raw):
+    """A data file's bytes as text: UTF-8, a byte order mark accepted (as training reads it); a ValueError naming the
+    file and line otherwise."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line, column = raw[:e.start].count(b"\n") + 1, e.start - raw.rfind(b"\n", 0, e.start)
+        raise ValueError(f"{path}, line {line}: not UTF-8 (byte {column} of the line)") from None
+
+
+class DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs):
+    """json.loads' object_pairs_hook: an object, refusing a key given twice (json.loads keeps the last silently)."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+def json_row(line):
+    """json.loads of one JSONL line, refusing (BadRow) a key given twice and JSON nested deeper than the parser reads;
+    invalid JSON raises json.JSONDecodeError, for the caller to say where."""
+    try:
+        return json.loads(line, object_pairs_hook=_unique_keys)
+    except DuplicateKey as e:
+        raise BadRow(None, f"the key {e.args[0]!r} is given twice (which one is meant?)") from None
+    except RecursionError:  # JSON nested deeper than the parser's recursion limit
+        raise BadRow(None, "nested too deeply to read (a Python RecursionError); a row is an object of strings and "
+                           "lists of turns") from None
 
 
 def check_cr_only(path, line_no, raw):
@@ -608,7 +712,7 @@ def read_row(path, line_no, raw, fmt):
     except UnicodeDecodeError as e:
         raise BadRow(None, f"not UTF-8 (byte {e.start + 1} of the line)") from None
     try:
-        row = json.loads(line)
+        row = json_row(line)
         fmt = fmt or detect_format(row)
         return (*parse_row(row, fmt), fmt)
     except json.JSONDecodeError as e:

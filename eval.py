@@ -20,6 +20,7 @@ import argparse
 import ast
 import csv
 import hashlib
+import io
 import itertools
 import json
 import math
@@ -37,12 +38,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from data import chat_format, chat_prompt, check_mask_token, encode, load_tokenizer, unencodable_characters
-from model import (GENERATION_DEFAULTS, LLaDA, compute_dtype, end_distributed, folder_fingerprint,
-                   generation_defaults, lock_file, merge_lora, run_command_line, setup_distributed)
-from sample import (SamplerOptions, add_sampler_flags, check_adapter, check_sampler_choice, check_sampler_options,
-                    check_step_count, folder_defaults, generate_with_options, load_weights, locate_model,
-                    options_from_flags)
+from data import (BadRow, chat_format, chat_prompt, check_chat_tokens, check_mask_token, data_text, encode,
+                  json_row, load_tokenizer, mask_in_text, read_data_file, unencodable_characters)
+from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, compute_dtype, end_distributed,
+                   folder_fingerprint, generation_defaults, lock_file, merge_lora, run_command_line, setup_distributed)
+from sample import (SamplerOptions, add_sampler_flags, check_adapter, check_lengths, check_sampler_choice,
+                    check_sampler_options, check_step_count, folder_defaults, generate_with_options, load_weights,
+                    locate_model, options_from_flags)
 
 # -----------------------------------------------------------------------------
 # Protocol constants (d1, github.com/dllm-reasoning/d1, eval/{gsm8k,math500,countdown,sudoku}.py, commit 837888f).
@@ -91,37 +93,27 @@ PROMPT_STYLES = ("d1", "plain")  # plain: the question alone, nothing after the 
 # grader needs; GSM8K / MATH500 items also carry the worked solution ("reasoning") for few-shot examples.
 
 
-class DuplicateKey(ValueError):
-    pass
+def _file_text(path, raw=None):
+    """The data file's text, from raw (its bytes, as load_data read them) or read now, through data.py's checks of
+    every data file (a regular file, of bounded size, UTF-8)."""
+    return data_text(path, read_data_file(path) if raw is None else raw)
 
 
-def _unique_keys(pairs):
-    """json.loads' object_pairs_hook: an object, refusing a key given twice (json.loads keeps the last silently)."""
-    seen = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise DuplicateKey(key)
-        seen.add(key)
-    return dict(pairs)
-
-
-def _jsonl_rows(path):
-    """(line number, object) for each non-blank line; a bad line (invalid JSON, not an object, a key given twice)
-    raises naming the file and line."""
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line, object_pairs_hook=_unique_keys)
-            except DuplicateKey as e:
-                raise ValueError(f"{path}, line {line_no}: the key {e.args[0]!r} is given twice (which one is "
-                                 "meant?)") from None
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {line_no}: invalid JSON ({e.msg}, column {e.colno})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}, line {line_no}: expected a JSON object, got {type(row).__name__}")
-            yield line_no, row
+def _jsonl_rows(path, raw=None):
+    """(line number, object) for each non-blank line; a bad line (invalid JSON, not an object, a key given twice,
+    nested too deep) raises naming the file and line."""
+    for line_no, line in enumerate(io.StringIO(_file_text(path, raw), newline=None), start=1):  # as open() reads
+        if not line.strip():
+            continue
+        try:
+            row = json_row(line)
+        except BadRow as e:
+            raise ValueError(f"{path}, line {line_no}: {e.problem}") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}, line {line_no}: invalid JSON ({e.msg}, column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}, line {line_no}: expected a JSON object, got {type(row).__name__}")
+        yield line_no, row
 
 
 def _field(row, key, path, line_no, hint=""):
@@ -138,10 +130,10 @@ def parse_gsm8k_gold(answer):
     return float(m.group(1).replace(",", "")) if m else None
 
 
-def load_gsm8k(path):
+def load_gsm8k(path, raw=None):
     """GSM8K JSONL rows {"question", "answer": "...worked solution...\\n#### 18"}."""
     items = []
-    for line_no, row in _jsonl_rows(path):
+    for line_no, row in _jsonl_rows(path, raw):
         question = _field(row, "question", path, line_no)
         answer = _field(row, "answer", path, line_no, " (GSM8K's worked solution ending in '#### <number>')")
         gold = parse_gsm8k_gold(answer)
@@ -152,10 +144,10 @@ def load_gsm8k(path):
     return items
 
 
-def load_math500(path):
+def load_math500(path, raw=None):
     """MATH500 JSONL rows {"problem", "answer", "solution", ...} (OpenAI's prm800k test split)."""
     items = []
-    for line_no, row in _jsonl_rows(path):
+    for line_no, row in _jsonl_rows(path, raw):
         question = _field(row, "problem", path, line_no)
         gold = _field(row, "answer", path, line_no, " (the final answer in LaTeX)")
         reasoning = row.get("solution") if isinstance(row.get("solution"), str) else ""
@@ -163,10 +155,10 @@ def load_math500(path):
     return items
 
 
-def load_countdown(path):
+def load_countdown(path, raw=None):
     """Countdown JSONL rows {"input": "30,100,93", "output": "23"}."""
     items = []
-    for line_no, row in _jsonl_rows(path):
+    for line_no, row in _jsonl_rows(path, raw):
         raw_numbers = _field(row, "input", path, line_no, " (comma-separated integers, e.g. \"30,100,93\")")
         raw_target = _field(row, "output", path, line_no, " (the target integer as a string, e.g. \"23\")")
         try:
@@ -187,12 +179,12 @@ def sudoku_subset(n_rows, k=SUDOKU_SUBSET, seed=SUDOKU_SUBSET_SEED):
     return np.random.RandomState(seed).choice(n_rows, min(k, n_rows), replace=False).tolist()
 
 
-def load_sudoku(path, subset=True):
+def load_sudoku(path, subset=True, raw=None):
     """Sudoku CSV with header Puzzle,Solution: 16-character strings read as text (leading zeros matter), 0 = blank.
     subset=True keeps d1's 256 puzzles in d1's order. A spreadsheet's UTF-8 byte order mark and CRLF line ends are
     read as training reads them (utf-8-sig)."""
     rows = []
-    with open(path, newline="", encoding="utf-8-sig") as f:
+    with io.StringIO(_file_text(path, raw), newline="") as f:
         reader = csv.DictReader(f)
         if not reader.fieldnames or not {"Puzzle", "Solution"} <= set(reader.fieldnames):
             raise ValueError(f"{path}, line 1: expected a header with columns Puzzle,Solution, got {reader.fieldnames}")
@@ -208,11 +200,12 @@ def load_sudoku(path, subset=True):
     return rows
 
 
-def load_benchmark(task, path):
+def load_benchmark(task, path, raw=None):
+    """The items of a test (or shot) file: `raw` its bytes when already read (load_data hashes what it read)."""
     loaders = dict(gsm8k=load_gsm8k, math500=load_math500, countdown=load_countdown, sudoku=load_sudoku)
     if task not in loaders:
         raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
-    items = loaders[task](path)
+    items = loaders[task](path, raw=raw)
     if not items:
         raise ValueError(f"{path}: no items found")
     return items
@@ -817,6 +810,29 @@ def read_records(path, settings):
     return records
 
 
+SUMMARY_FIELDS = ("task", "accuracy_mean", "n_items", "runs")  # what report() writes besides the settings
+
+
+def check_summary(out, settings=None):
+    """An --out file that exists must be an eval.py summary (report()) and, once the settings are known, one of the
+    records this run makes (the same settings): anything else, a user's file or gift.py's results.json, would be
+    replaced by the new summary. A ValueError naming the file otherwise."""
+    if not out.exists():
+        return
+    try:
+        summary = json.loads(out.read_bytes())
+    except (OSError, ValueError):
+        summary = None
+    if not (isinstance(summary, dict) and set(SUMMARY_FIELDS) <= summary.keys()):
+        raise ValueError(f"--out {out}: the file exists and is not an eval.py summary; it would be replaced: name "
+                         "another --out, or move the file away")
+    changed = [k for k, v in (settings or {}).items()
+               if (k in summary and summary[k] != v) or (k not in summary and k not in FINGERPRINTS)]
+    if changed:
+        raise ValueError(f"--out {out}: the file is the summary of another evaluation ({', '.join(changed)} differ); "
+                         "name another --out, or move the file away")
+
+
 def append_records(path, records, settings):
     """One JSON line per graded item (with the settings), flushed to disk before the next batch starts."""
     try:
@@ -864,6 +880,8 @@ def parse_args(argv=None):
     (parser, args), args.options holding the sampler's (sample.SamplerOptions, lengths unset where not given)."""
     p = make_parser()
     args = p.parse_args(argv)
+    if args.shots < 0:
+        p.error(f"--shots {args.shots}: must be 0 (none) or more")
     if args.shots and not args.shot_data:
         p.error("--shots needs --shot-data (a file to take the solved examples from)")
     for flag in ("limit", "batch_size", "log_every"):
@@ -907,13 +925,9 @@ def resolve_model(p, args):
     try:
         check_sampler_choice(args, o, args.folder)
         check_step_count(o, given=args.steps is not None)
+        check_lengths(o)  # as the sampler would after the model loads (the context: load_data, after --out)
     except ValueError as e:
         p.error(str(e))
-    if o.sampler == "block" and o.block_length > o.gen_length:
-        p.error(f"--block-length {o.block_length} is longer than --gen-length {o.gen_length}")
-    if o.sampler == "block" and (o.gen_length % o.block_length or o.steps % (o.gen_length // o.block_length)):
-        p.error(f"--gen-length {o.gen_length} must be a multiple of --block-length {o.block_length}, and --steps "
-                f"{o.steps} a multiple of the number of blocks {o.gen_length // max(o.block_length, 1)}")
     args.options = o
 
 
@@ -948,6 +962,15 @@ def open_output(p, args):
     if out.is_dir() or out.suffix == ".jsonl":
         p.error(f"--out {args.out}: name the summary .json file (the records go beside it, in a .jsonl)")
     records_path = out.with_suffix(".jsonl")
+    inputs = {os.path.realpath(f): flag for flag, f in (("--data", args.data), ("--shot-data", args.shot_data)) if f}
+    for path in (out, records_path):
+        if os.path.realpath(path) in inputs:
+            p.error(f"--out {args.out}: it would write {path}, which is the {inputs[os.path.realpath(path)]} file; "
+                    "name another summary file")
+    try:
+        check_summary(out)
+    except ValueError as e:
+        p.error(str(e))
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         open(records_path, "a").close()
@@ -964,20 +987,42 @@ def open_output(p, args):
 def load_data(p, args):
     """The test items (the first --limit), the few-shot pool and the model's tokenizer; every prompt is checked
     readable by the tokenizer, and a missing or malformed file named in one line, before the model loads."""
+    flag = "--data"
     try:
-        items = load_benchmark(args.task, args.data)[:args.limit]
+        raw = read_data_file(args.data)
+        args.data_sha256 = hashlib.sha256(raw).hexdigest()[:16]  # of the bytes the items come from (run_settings)
+        items = load_benchmark(args.task, args.data, raw)[:args.limit]
+        flag = "--shot-data"
         shot_items = load_benchmark(args.task, args.shot_data) if args.shots else []
+        if args.shots > len(shot_items):
+            raise ValueError(f"--shots {args.shots} but {args.shot_data} has only {len(shot_items)} items")
+        tokenizer = load_tokenizer(args.folder)
+        check_chat_tokens(tokenizer, args.folder)
+        config = LLaDAConfig.from_json(args.folder / "config.json")
+        check_mask_token(tokenizer, config)  # the ids within the embedding, before the weights load
     except (OSError, ValueError) as e:
-        p.error(str(e) if str(args.data) in str(e) else f"--data {args.data}: {e}")
-    tokenizer = load_tokenizer(args.folder)
+        path = args.data if flag == "--data" else args.shot_data
+        p.error(str(e) if str(path) in str(e) or str(args.folder) in str(e) else f"{flag} {path}: {e}")
     fmt = chat_format(tokenizer)
     for item in items + shot_items:
-        bad = unencodable_characters(tokenizer, build_prompt(args.task, item, args.prompt_style, (), fmt))
+        prompt = build_prompt(args.task, item, args.prompt_style, (), fmt)
+        bad = unencodable_characters(tokenizer, prompt)
         if bad:
             hint = ("; the embedded Sudoku model reads plain prompts (--prompt-style plain)"
                     if args.prompt_style != "plain" else "")
             p.error(f"{args.data}: a {args.prompt_style} prompt has characters this model's tokenizer cannot encode: "
                     f"{', '.join(map(repr, bad))}{hint}")
+        problem = mask_in_text(tokenizer, prompt)
+        if problem:
+            p.error(f"{args.data}: the question {item['question'][:40]!r}... {problem}")
+    for seed in args.seeds if args.shots else args.seeds[:1]:  # each seed's shots: every prompt fits the context
+        shots = pick_shots(shot_items, args.shots, seed)
+        bad = unencodable_characters(tokenizer, build_prompt(args.task, items[0], args.prompt_style, shots, fmt))
+        if bad:
+            p.error(f"--shots {args.shots}: the few-shot prompt has characters this model's tokenizer cannot encode: "
+                    f"{', '.join(map(repr, bad))}")
+        encoded_prompts(tokenizer, args.task, items, args.prompt_style, shots, args.options.gen_length,
+                        config.max_sequence_length)  # a ValueError naming the item, as evaluate() would raise
     return items, shot_items, tokenizer
 
 
@@ -987,13 +1032,14 @@ def run_settings(args, dtype):
     settings = dict(task=args.task, model=os.path.abspath(args.folder),
                     model_fingerprint=folder_fingerprint(args.folder),
                     adapter=args.adapter and os.path.abspath(args.adapter), data=os.path.abspath(args.data),
-                    data_sha256=hashlib.sha256(Path(args.data).read_bytes()).hexdigest()[:16],
+                    data_sha256=args.data_sha256,
                     gen_length=o.gen_length, steps=o.steps, block_length=o.block_length, batch_size=args.batch_size,
                     shots=args.shots, shot_data=args.shot_data and os.path.abspath(args.shot_data),
                     prompt_style=args.prompt_style, temperature=o.temperature, cache=o.cache,
                     threshold=o.threshold, dtype=str(dtype).replace("torch.", ""))
     # settings of their own only when used: files of earlier runs keep resuming
-    extra = dict(cache_refresh=o.cache_refresh, cache_drift=o.cache_drift, cfg_scale=o.cfg_scale,
+    extra = dict(cache_refresh=o.cache_refresh, cache_drift=o.cache_drift, cache_window=o.cache_window,
+                 cfg_scale=o.cfg_scale,
                  remasking=None if o.remasking == "low_confidence" else o.remasking)
     if o.sampler == "dream":  # Dream's sampler reads none of the block sampler's options, and its own
         extra = dict(sampler=o.sampler, alg=o.alg, alg_temp=o.alg_temp, eps=o.eps, top_p=o.top_p, top_k=o.top_k)
@@ -1027,7 +1073,7 @@ def evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch
     [{"seed", "accuracy", "records"}] ([] on the other ranks)."""
     o, rank, runs = args.options, rank_and_world()[0], []
     sampler = ("exact" if o.exact else f"cache {o.cache or 'none'}, threshold {o.threshold}, cache refresh "
-               f"{o.cache_refresh}, cache drift {o.cache_drift}")
+               f"{o.cache_refresh}, cache drift {o.cache_drift}, cache window {o.cache_window}")
     if o.sampler == "dream":
         sampler = f"Dream's own, alg {o.alg}, alg_temp {o.alg_temp}, eps {o.eps}, top_p {o.top_p}, top_k {o.top_k}"
     for seed in args.seeds:
@@ -1054,13 +1100,13 @@ def report(args, settings, n_items, runs, out, records_path):
                                                   else "") + " %")
     if out:
         result = dict(settings, accuracy_mean=mean, accuracy_std=std, n_items=n_items, runs=runs)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, out)
+        atomic_write_text(out, json.dumps(result, indent=1))  # a full disk names the file
         print(f"wrote {out} (every graded item: {records_path})")
 
 
 def main(argv=None):
+    if "--harness" in (sys.argv[1:] if argv is None else argv):  # lm-evaluation-harness's tasks (GiftLM, below)
+        return harness_main(argv)
     p, args = parse_args(argv)
     resolve_model(p, args)
     warn_seed_free(args, int(os.environ.get("RANK", "0")))
@@ -1070,7 +1116,9 @@ def main(argv=None):
         dtype = compute_dtype(args.dtype, device)
         items, shot_items, tokenizer = load_data(p, args)
         settings = run_settings(args, dtype)
-        finished = graded_before(records_path, settings) if rank == 0 else {}
+        finished = graded_before(records_path, settings) if rank == 0 else {}  # its records first: named settings
+        if out:
+            check_summary(out, settings)
         if world > 1:  # rank 0's, on every rank
             box = [finished]
             dist.broadcast_object_list(box, src=0)
@@ -1082,9 +1130,371 @@ def main(argv=None):
         if rank == 0:
             report(args, settings, len(items), runs, out, records_path)
         end_distributed()
+    except KeyboardInterrupt:  # Ctrl-C: run_command_line says it in one line; the records written stay
+        raise KeyboardInterrupt(f"the graded items so far are kept in {records_path}; rerun the same command to "
+                                "continue") if records_path else KeyboardInterrupt() from None
     finally:
         if lock is not None:
             lock.close()  # the next eval of this file, in this process too, may start
+
+
+# =============================================================================
+# lm-evaluation-harness: a model of this repo as the harness's model "gift" (EleutherAI's lm-evaluation-harness,
+# optional: pip install -r requirements-extras.txt). Not needed for the d1 protocol above, which it leaves as it is.
+#
+#     python eval.py --harness --model DIR --tasks arc_easy,gsm8k [--mc-num 128] [--apply-chat-template]
+#     torchrun --nproc_per_node 8 eval.py --harness ...          # lm-eval gives each rank a slice of the documents
+#     lm_eval.simple_evaluate(model="gift", model_args="model=DIR,mc_num=128,gen_length=256", tasks=[...])
+#
+# generate_until: the sampler of SamplerOptions (model_args gen_length=..., cache=..., sampler=dream, ...) on
+#   left-padded batches, as eval.py's evaluate() runs it; the answer is cut at the family's turn end, then at the
+#   task's `until` strings. Unset lengths: gen_length = the task's max_gen_toks, block 32, steps = gen_length / 2.
+# loglikelihood: LLaDA's Monte Carlo estimate of its likelihood bound (Nie et al. 2025, arXiv 2502.09992; the official
+#   evaluation/eval_llada.py). For a continuation y of L tokens after the context x:
+#       ELBO = E_{l ~ U{1..L}} E_{M ~ U(l-subsets of y)} [ (L / l) sum_{i in M} log p(y_i | x, y with M masked) ]
+#   one draw = one forward pass; mc_num draws, `batch_size` per pass, the l of each pass stratified over 1..L; the
+#   context is never masked. Dream reads token i's prediction at position i - 1. A lower bound on log p(y | x).
+
+import sys  # the harness section's own imports (main reads sys.argv for --harness)
+from dataclasses import fields
+
+from data import BOS, encode_text
+from sample import decode_until_stop, generate
+
+HARNESS_INSTALL = "pip install -r requirements-extras.txt (lm-eval==0.4.13)"
+
+
+class HarnessMissing(ImportError):
+    """lm-evaluation-harness is not installed: the message says how to install it, in one line."""
+
+
+def stratified_mask_counts(L, b, generator):
+    """How many of the L continuation tokens each of b draws masks: l_j = ((k - 1 + round(j L / b)) mod L) + 1,
+    j = 0 .. b - 1, k ~ U{1..L} (eval_llada.py's stratified draws: the b counts spread evenly over 1..L). The offsets
+    are rounded apart from k, so each l_j is exactly uniform on 1..L (eval_llada.py rounds k + j L / b with torch.round,
+    whose half-to-even ties make l_j depend on k's parity). (b,) long, on the CPU."""
+    k = int(torch.randint(1, L + 1, (), generator=generator))
+    offsets = (2 * torch.arange(b) * L + b) // (2 * b)  # round(j L / b), halves up, in integers
+    return (k - 1 + offsets) % L + 1
+
+
+def continuation_masks(L, counts, generator):
+    """For each count l, a uniformly random set of l of the L positions: (b, L) bool, row j with counts[j] True."""
+    order = torch.rand(len(counts), L, generator=generator).argsort(dim=1)  # a random permutation per row
+    first = torch.arange(L)[None, :] < counts[:, None]  # (b, L): the permutation's first l entries are masked
+    return torch.zeros(len(counts), L, dtype=torch.bool).scatter(1, order, first)
+
+
+@torch.no_grad()
+def elbo_draws(model, context, continuation, mc_num, batch_size, generator):
+    """mc_num unbiased draws of the continuation's ELBO (the estimator above), float64 (mc_num,): draw j masks
+    exactly l_j of the L = len(continuation) tokens (l_j stratified per forward pass of batch_size draws) and is
+    (L / l_j) * sum of log p(y_i) over the masked i. context, continuation: token ids (context non-empty: Dream's first
+    continuation token is read at the last context position). Draws come from `generator` (CPU), so a rerun and any
+    device give the same masks."""
+    device, mask_id = next(model.parameters()).device, model.config.mask_token_id
+    P, L = len(context), len(continuation)
+    if P < 1 or L < 1:
+        raise ValueError(f"elbo_draws: a context of {P} and a continuation of {L} tokens; each needs at least one")
+    x0 = torch.tensor(list(context) + list(continuation), device=device)  # (P + L,)
+    y = x0[P:]
+    where = torch.arange(P, P + L, device=device) - int(model.predicts_shifted)  # the positions that predict y
+    draws = []
+    for start in range(0, mc_num, batch_size):
+        b = min(batch_size, mc_num - start)
+        counts = stratified_mask_counts(L, b, generator)  # (b,)
+        masked = continuation_masks(L, counts, generator).to(device)  # (b, L)
+        x = x0.repeat(b, 1)
+        x[:, P:] = torch.where(masked, mask_id, y)  # the context is never masked
+        hidden = model(x, return_hidden=True)[:, where]  # (b, L, D): the head only where it is read
+        logits = model.head(hidden)  # (b, L, V)
+        logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        logp_y = logp.gather(-1, y.expand(b, L)[..., None])[..., 0].double()  # (b, L)
+        draws.append(L / counts.to(device).double() * (logp_y * masked).sum(dim=1))
+    return torch.cat(draws)
+
+
+def greedy_continuation(model, context, L):
+    """The L tokens the block sampler gives greedily after the context, one per step, the most confident first
+    (eval_llada.py's is_greedy check): a list of ids."""
+    prompt = torch.tensor([list(context)], device=next(model.parameters()).device)  # (1, P)
+    return generate(model, prompt, steps=L, gen_length=L, block_length=L)[0, len(context):].tolist()
+
+
+def cut_at_stops(text, until):
+    """The text before the first occurrence of any of the `until` strings (lm-eval's stop sequences)."""
+    for stop in until:
+        if stop:
+            text = text.split(stop)[0]
+    return text
+
+
+def request_generator(seed, *token_lists):
+    """A CPU generator seeded from `seed` and the request's token ids: the same request draws the same masks in any
+    order, batch or rank."""
+    digest = hashlib.sha256(json.dumps([seed, *token_lists]).encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def harness_model_class():
+    """GiftLM, built on lm_eval.api.model.LM and registered as "gift" (once); HarnessMissing without lm-eval."""
+    if "GiftLM" in globals():
+        return globals()["GiftLM"]
+    try:
+        import lm_eval.models  # noqa: F401  the harness's own models, registered first (lazily), stay available
+        from lm_eval.api.model import LM
+        from lm_eval.api.registry import model_registry
+    except ImportError as e:
+        raise HarnessMissing(f"lm-evaluation-harness is not installed ({e}); install it with: "
+                             f"{HARNESS_INSTALL}") from None
+
+    class GiftLM(LM):
+        """A LLaDA or Dream model folder of this repo (a checkpoint or run folder too, as eval.py's --model), with
+        an optional LoRA adapter, for lm-evaluation-harness. model_args: model=DIR, adapter=DIR, dtype (auto,
+        float32, bfloat16, float64), device, batch_size (prompts per generate call, and likelihood draws per
+        forward pass), mc_num (likelihood draws per request), seed, check_greedy (false: is_greedy is False without
+        its L extra passes), and every SamplerOptions field (gen_length, steps, block_length, temperature, cache,
+        threshold, sampler, alg, ...; unset: the model folder's generation_defaults.json, then the task's)."""
+
+        def __init__(self, model, adapter=None, dtype="auto", device=None, batch_size=8, mc_num=128, seed=0,
+                     check_greedy=True, max_batch_size=None, **sampler):
+            super().__init__()
+            names = [f.name for f in fields(SamplerOptions)]
+            unknown = sorted(set(sampler) - set(names))
+            if unknown:
+                raise ValueError(f"GiftLM: unknown model_args {', '.join(unknown)}; GiftLM takes model, adapter, "
+                                 f"dtype, device, batch_size, mc_num, seed, check_greedy and {', '.join(names)}")
+            if not isinstance(batch_size, int) or batch_size < 1 or not isinstance(mc_num, int) or mc_num < 1:
+                raise ValueError(f"GiftLM: batch_size {batch_size!r} and mc_num {mc_num!r} must be integers >= 1 "
+                                 "(no 'auto')")
+            self.folder, found = locate_model(model)
+            self.adapter = adapter or found
+            check_adapter(self.folder, self.adapter)
+            given = argparse.Namespace(**{n: sampler.get(n) for n in names})
+            self.options = options_from_flags(given, folder_defaults(self.folder))  # model_args, else the folder's
+            check_sampler_choice(given, self.options, self.folder)
+            self._rank, self._world_size, where = setup_distributed()  # torchrun's ranks: each gets a slice
+            self._device = torch.device(device) if device and self._world_size == 1 else where
+            self.model = load_model(argparse.Namespace(folder=self.folder, adapter=self.adapter), self._device,
+                                    compute_dtype(dtype, self._device))
+            self.tokenizer = load_tokenizer(self.folder)
+            check_mask_token(self.tokenizer, self.model.config)
+            self.fmt = chat_format(self.tokenizer)
+            self.batch_size, self.mc_num, self.seed, self.check_greedy = batch_size, mc_num, seed, check_greedy
+            self.max_length = self.model.config.max_sequence_length
+            bos = self.tokenizer.token_to_id(BOS)  # an empty context is this one token (Dream: EOS)
+            self.prefix_id = self.model.config.eos_token_id if bos is None or self.fmt == "chatml" else bos
+
+        # --- what the harness asks of a model ---
+
+        @property
+        def tokenizer_name(self):
+            return str(self.folder).replace("/", "__")
+
+        def chat_template(self, chat_template=False):
+            return self.fmt
+
+        def apply_chat_template(self, chat_history, add_generation_prompt=True):
+            """The model's own chat format (data.chat_prompt); without add_generation_prompt the last (assistant)
+            message is continued as is (a task's gen_prefix, e.g. d1's "<reasoning>")."""
+            if add_generation_prompt:
+                return chat_prompt(chat_history, self.fmt)
+            return chat_prompt(chat_history[:-1], self.fmt) + chat_history[-1]["content"]
+
+        def all_gather(self, tensor):
+            if self._world_size == 1:
+                return tensor
+            parts = [torch.zeros_like(tensor) for _ in range(self._world_size)]
+            dist.all_gather(parts, tensor)
+            return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
+
+        def gather_object(self, obj, dst=0):
+            if self._world_size == 1:
+                return [obj]
+            out = [None] * self._world_size if self._rank == dst else None
+            dist.gather_object(obj, out, dst=dst)
+            return out
+
+        def barrier(self):
+            if self._world_size > 1:
+                dist.barrier()
+
+        # --- requests ---
+
+        def _args(self, request, n, kind):
+            """The request's arguments, refusing a shape this model does not read (e.g. a multimodal task's images)."""
+            if len(request.args) != n:
+                raise ValueError(f"GiftLM: task {request.task_name!r}: a {kind} request with {len(request.args)} "
+                                 f"arguments (this model reads text only: {n}); not supported")
+            return request.args
+
+        def _encode(self, text, request):
+            return encode_text(self.tokenizer, text, what=f"task {request.task_name!r}: the text")
+
+        def _context_and_continuation(self, context, continuation, request):
+            """Token ids of both, split as the harness's models split them: the context's trailing spaces move to the
+            continuation; an empty context is the prefix token; a long context keeps its last tokens."""
+            n = len(context) - len(context.rstrip())
+            if n:
+                context, continuation = context[:-n], context[-n:] + continuation
+            ctx = self._encode(context, request) if context else []
+            whole = self._encode(context + continuation, request)
+            cont = whole[len(ctx):] if whole[:len(ctx)] == ctx else self._encode(continuation, request)
+            if not cont or len(cont) >= self.max_length:
+                raise ValueError(f"GiftLM: task {request.task_name!r}: a continuation of {len(cont)} tokens (the "
+                                 f"model reads 1 to {self.max_length - 1})")
+            return (ctx or [self.prefix_id])[-(self.max_length - len(cont)):], cont
+
+        def _elbo(self, context, continuation):
+            g = request_generator(self.seed, context, continuation)
+            return elbo_draws(self.model, context, continuation, self.mc_num, self.batch_size, g).mean().item()
+
+        def loglikelihood(self, requests):
+            """(ELBO estimate of log p(continuation | context), is_greedy) per request."""
+            out = []
+            for request in requests:
+                ctx, cont = self._context_and_continuation(*self._args(request, 2, "loglikelihood"), request)
+                ll = self._elbo(ctx, cont)
+                greedy = bool(self.check_greedy) and greedy_continuation(self.model, ctx, len(cont)) == cont
+                out.append((ll, greedy))
+                self.cache_hook.add_partial("loglikelihood", request.args, (ll, greedy))
+            return out
+
+        def loglikelihood_rolling(self, requests):
+            """The ELBO of the whole text: one continuation after the prefix token; a text longer than the model's
+            context in windows of max_length / 2 tokens, each after the up to max_length / 2 tokens before it (a
+            sum of conditional ELBOs, still a lower bound)."""
+            out = []
+            for request in requests:
+                (text,) = self._args(request, 1, "loglikelihood_rolling")
+                ids = [self.prefix_id] + (self._encode(text, request) if text else [])
+                window = self.max_length - 1 if len(ids) <= self.max_length else self.max_length // 2
+                ll = sum(self._elbo(ids[max(0, s - (self.max_length - window)):s], ids[s:s + window])
+                         for s in range(1, len(ids), window))
+                out.append(ll)
+                self.cache_hook.add_partial("loglikelihood_rolling", request.args, ll)
+            return out
+
+        def _generation_options(self, gen_kwargs):
+            """The sampler's options for a task: model_args' (or the folder's) lengths, else gen_length = the task's
+            max_gen_toks (rounded up to whole blocks), block 32, steps = gen_length / 2 (d1's two per step)."""
+            o = self.options
+            gen_length = o.gen_length or int(gen_kwargs.get("max_gen_toks", 256))
+            block = o.block_length or min(BLOCK_LENGTH, gen_length)
+            if o.sampler == "block":
+                gen_length = -(-gen_length // block) * block
+            blocks = max(1, gen_length // block)
+            steps = o.steps or max(blocks, gen_length // 2 // blocks * blocks)
+            return replace(o, gen_length=gen_length, steps=steps, block_length=block)
+
+        def generate_until(self, requests):
+            """Each context sampled with the options, in batches of batch_size consecutive requests with the same
+            generation arguments; the text up to the family's turn end, then up to the first `until` string."""
+            out, start, seen, noise = [], 0, {}, []
+            for request in requests:  # its sampling noise: item_generator(seed, doc_id), as eval.py's items'
+                key = (request.task_name, request.doc_id)
+                noise.append((request.doc_id or 0) + seen.get(key, 0) * 2 ** 32)  # a repeat (same doc) draws anew
+                seen[key] = seen.get(key, 0) + 1
+            while start < len(requests):
+                kwargs = self._args(requests[start], 2, "generate_until")[1]
+                end = start + 1
+                while (end < len(requests) and end - start < self.batch_size
+                       and self._args(requests[end], 2, "generate_until")[1] == kwargs):
+                    end += 1
+                out += self._generate_batch(requests[start:end], kwargs, noise[start:end])
+                start = end
+            return out
+
+        def _generate_batch(self, requests, gen_kwargs, noise):
+            options = self._generation_options(gen_kwargs)
+            until = gen_kwargs.get("until") or []
+            until = [until] if isinstance(until, str) else list(until)
+            room = self.max_length - options.gen_length
+            prompts = [self._encode(r.args[0], r)[-room:] for r in requests]
+            prompt, attention_mask = left_padded(prompts, self.model.config.pad_token_id)  # (B, P)
+            generators = batch_generators(options, self.seed, noise, self._device)
+            x = generate_with_options(self.model, prompt.to(self._device), attention_mask.to(self._device), options,
+                                      generators)
+            texts = []
+            for request, answer in zip(requests, x[:, prompt.shape[1]:].tolist()):  # (B, gen_length)
+                text = cut_at_stops(decode_until_stop(self.tokenizer, answer), until)
+                self.cache_hook.add_partial("generate_until", request.args, text)
+                texts.append(text)
+            return texts
+
+    GiftLM.__qualname__ = "GiftLM"
+    try:
+        model_registry.register("gift")(GiftLM)
+    except ValueError:
+        pass  # registered already by this file loaded under another name (python eval.py is __main__)
+    globals()["GiftLM"] = GiftLM
+    return GiftLM
+
+
+def __getattr__(name):
+    """eval.GiftLM without lm-eval installed: HarnessMissing, one line saying how to install it."""
+    if name == "GiftLM":
+        return harness_model_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+try:  # registered as "gift" on `import eval` when lm-eval is installed; without it, eval.GiftLM says how to install
+    harness_model_class()
+except HarnessMissing:
+    pass
+
+
+def harness_main(argv=None):
+    """python eval.py --harness ...: lm-eval's tasks (by name, or local YAMLs with --include-path) on a model of this
+    repo; rank 0 prints the harness's table and writes --out."""
+    p = argparse.ArgumentParser(description="Evaluate a LLaDA or Dream model on lm-evaluation-harness tasks "
+                                            "(torchrun --nproc_per_node N eval.py --harness ... for several GPUs).")
+    p.add_argument("--harness", action="store_true", help="run lm-evaluation-harness tasks (this command line)")
+    p.add_argument("--model", required=True, help="model folder, or a checkpoint or run folder (as eval.py's)")
+    p.add_argument("--adapter", default=None, help="LoRA adapter folder (merged before sampling)")
+    p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names, e.g. arc_easy,gsm8k")
+    p.add_argument("--include-path", default=None, help="folder of task YAMLs of your own")
+    p.add_argument("--limit", type=float, default=None, help="only the first N documents of each task")
+    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
+    p.add_argument("--apply-chat-template", action="store_true", help="wrap each prompt in the model's chat format")
+    p.add_argument("--mc-num", type=int, default=128, help="Monte Carlo draws (forward passes) per likelihood")
+    p.add_argument("--no-check-greedy", action="store_true",
+                   help="is_greedy always False (saves the L greedy passes of each likelihood request)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the likelihood draws and of sampling")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="prompts per generate call; likelihood draws per forward pass")
+    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32", "float64"), default="auto",
+                   help="weights dtype (auto: bfloat16 on GPU, float32 on CPU)")
+    p.add_argument("--out", default=None, help="write the harness's results (JSON) here")
+    add_sampler_flags(p)
+    args = p.parse_args(argv)
+    try:
+        GiftLM = harness_model_class()
+    except HarnessMissing as e:
+        raise SystemExit(f"eval.py: {e}") from None
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import make_table
+    sampler = {f.name: getattr(args, f.name) for f in fields(SamplerOptions) if getattr(args, f.name) is not None}
+    lm = GiftLM(model=args.model, adapter=args.adapter, dtype=args.dtype, batch_size=args.batch_size,
+                mc_num=args.mc_num, seed=args.seed, check_greedy=not args.no_check_greedy, **sampler)
+    limit = int(args.limit) if args.limit and args.limit >= 1 else args.limit
+    tasks = args.tasks.split(",")
+    tasks_here = TaskManager(include_path=args.include_path, include_defaults=False) if args.include_path else None
+    if tasks_here is None or not set(tasks) <= set(tasks_here.all_tasks):  # lm-eval's own: indexing them takes a while
+        tasks_here = TaskManager(include_path=args.include_path)
+    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot,
+                                      limit=limit, apply_chat_template=args.apply_chat_template, log_samples=False,
+                                      task_manager=tasks_here,
+                                      random_seed=args.seed, numpy_random_seed=args.seed,
+                                      torch_random_seed=args.seed, fewshot_random_seed=args.seed)
+    if lm.rank == 0:
+        print(make_table(results))
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1, default=str))
+            print(f"wrote {args.out}")
+    end_distributed()
+    return results
 
 
 if __name__ == "__main__":

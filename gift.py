@@ -334,8 +334,8 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data import (EMBEDDED_EVAL, FORMATS, data_fingerprint, describe_embedded, embedded_task, load_dataset,
-                  load_tokenizer, special_ids, tiny_config_for)
+from data import (EMBEDDED_EVAL, FORMATS, check_chat_tokens, data_fingerprint, describe_embedded, embedded_task,
+                  load_dataset, load_tokenizer, special_ids, tiny_config_for)
 from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, add_lora, atomic_write_text, check_config_against_weights,
                    end_distributed, folder_fingerprint, from_pretrained, load_weight_rows, lora_disabled, lora_layers,
                    parse_dataclass_flags, setup_distributed, stored_dtype, tensors_fingerprint)
@@ -368,6 +368,14 @@ class TrainOptions:
     lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout"})
     lora_targets: str = field(default="q_proj,k_proj,v_proj", metadata={"help": "comma-separated block linears "
                                                                           "(ff_out also adapts the LM head, as PEFT)"})
+    # how the processes hold the model
+    parallel: str = field(default="", metadata={"help": "ddp: every process holds the whole model (LoRA only); fsdp: "
+                          "FSDP2 shards it over the processes, with --lora the frozen base (each holds 1/N of it, "
+                          "gathered block by block); empty = ddp with --lora, fsdp for full fine-tuning",
+                          "choices": ("", "ddp", "fsdp")})
+    cpu_offload: bool = field(default=False, metadata={"help": "FSDP2: parameters, gradients and optimizer state on "
+                              "the host (torch's CPUOffloadPolicy), each block copied to the GPU for its passes; for "
+                              "a model too big for the GPUs (slower: every step crosses PCIe)"})
     # optimisation
     epochs: int = field(default=20, metadata={"help": "passes over the data"})
     max_steps: int = field(default=0, metadata={"help": "stop after this many optimizer steps (0 = epochs)"})
@@ -431,6 +439,11 @@ def parse_options(argv=None):
     return opts
 
 
+def parallel_of(opts):
+    """--parallel as it applies: ddp for LoRA, fsdp for full fine-tuning when not given."""
+    return opts.parallel or ("ddp" if opts.lora else "fsdp")
+
+
 def check_options(opts, error):
     """Every option check that needs no file: `error(message)` for the first one that fails."""
     if opts.beta_refresh_epochs < 0:
@@ -438,6 +451,12 @@ def check_options(opts, error):
     if opts.beta_refresh_epochs != 1 and OBJECTIVES[opts.loss][1] not in ("entropy", "nll"):
         error(f"--beta-refresh-epochs applies to the objectives with a per-step first pass "
               f"({', '.join(n for n, o in OBJECTIVES.items() if o[1] in ('entropy', 'nll'))}), not --loss {opts.loss}")
+    if opts.parallel == "ddp" and not opts.lora:
+        error("--parallel ddp needs --lora (full fine-tuning shards its float32 weights and AdamW states with FSDP2: "
+              "--parallel fsdp, the default)")
+    if opts.cpu_offload and parallel_of(opts) != "fsdp":
+        error("--cpu-offload needs FSDP2: add --parallel fsdp (with --lora the default is ddp, which keeps the whole "
+              "model on every GPU)")
     if opts.save_merged and not opts.lora:
         error("--save-merged needs --lora (a full fine-tuning checkpoint is already a complete model/)")
     for name in ("epochs", "batch_size", "grad_accum", "log_every", "keep_last", "lora_r", "max_bad_steps"):
@@ -479,6 +498,8 @@ def check_options(opts, error):
         error("--resume continues the run in --out, --overwrite deletes it: choose one")
     if opts.model and not opts.data:
         error("--model needs --data (a JSONL file)")
+    if opts.model and not_a_model_folder(opts.model):  # a run, a checkpoint or an adapter: say what to give
+        error(f"--model {opts.model}: {not_a_model_folder(opts.model)}")
     if opts.data and Path(opts.data).is_dir():
         error(f"--data {opts.data}: a folder; give the JSONL file")
     if not opts.out.strip():
@@ -535,39 +556,72 @@ def gather_objects(obj):
 FSDP_ONE_GROUP_MAX_PARAMS = 10_000_000  # FSDP2 shards a model up to this size as one group (wrap_model)
 
 
-def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=False, seed=0):
+def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=False, seed=0, parallel="",
+               cpu_offload=False):
     """lora=None: full fine-tuning; float32 master weights, sharded with FSDP2 over `world` > 1 processes (one
     group per block, then the root; one group for a model of at most FSDP_ONE_GROUP_MAX_PARAMS parameters),
     computing in `dtype` with float32 gradient reductions.
     lora=dict(r=, alpha=, dropout=, targets=): float32 adapters (A initialised from `seed`) on a frozen base in
-    `dtype`, replicated with DDP over `world` > 1 processes.
+    `dtype`, replicated with DDP over `world` > 1 processes; parallel="fsdp": the base and the adapters sharded with
+    FSDP2 instead (the same groups; each parameter keeps its dtype, only the adapters have gradients to reduce).
+    cpu_offload: FSDP2 keeps the shards, their gradients (and so AdamW's states) on the host, even for one process
+    (which then needs a process group of one: gift.train starts it).
     A full fine-tuning model built on the meta device is sharded there and then given empty float32 storage on
-    `device`: fill it with model.load_weight_rows (each rank reads only its rows; no process holds the whole model)."""
+    `device` (the host under cpu_offload): fill it with model.load_weight_rows (each rank reads only its rows; no
+    process holds the whole model)."""
     if activation_checkpointing:
         model.set_activation_checkpointing(True)
+    shard = world > 1 or cpu_offload
     if lora is not None:
-        model.to(device=device, dtype=dtype)
+        # offloaded, the base stays on the host: fully_shard moves it to the GPU and back one group at a time
+        model.to(device=device if not cpu_offload else "cpu", dtype=dtype)
         add_lora(model, **lora, generator=torch.Generator().manual_seed(seed))
-        if world > 1:
+        if parallel == "fsdp" and shard:
+            fsdp_shard(model, device, None, cpu_offload)
+        elif world > 1:
             model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
         return model
     on_meta = next(model.parameters()).is_meta
     if not on_meta:
         model.to(device=device, dtype=torch.float32)
-    if world > 1:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-        # one group per block: one block's parameters are whole at a time (an 8B model is never whole), for an
-        # all-gather per block in each pass (entropy pass, forward, backward) and a reduce-scatter per block. A small
-        # model is one group: one all-gather and one reduce-scatter a step (the embedded task's 2 processes: 12
-        # collectives a step fewer, 15-20% of its time), the same numbers (2 ranks sum 2 terms in any grouping)
-        if sum(p.numel() for p in model.parameters()) > FSDP_ONE_GROUP_MAX_PARAMS:
-            for block in model.model.transformer.blocks:
-                fully_shard(block, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+    if shard:
+        fsdp_shard(model, device, dtype, cpu_offload)
     if on_meta:
-        model.to_empty(device=device)
+        model.to_empty(device="cpu" if cpu_offload else device)
     return model
+
+
+def fsdp_shard(model, device, param_dtype, cpu_offload=False, one_group_max=FSDP_ONE_GROUP_MAX_PARAMS):
+    """FSDP2 over every process (fully_shard), in place: one group per block, then the root; one group for a model
+    of at most `one_group_max` parameters. param_dtype: what the gathered parameters compute in (None: each keeps
+    its own: LoRA's bf16 base and float32 adapters); gradients are reduced in float32."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
+    # one group per block: one block's parameters are whole at a time (an 8B model is never whole), for an
+    # all-gather per block in each pass (entropy pass, forward, backward) and a reduce-scatter per block. A small
+    # model is one group: one all-gather and one reduce-scatter a step (the embedded task's 2 processes: 12
+    # collectives a step fewer, 15-20% of its time), the same numbers (2 ranks sum 2 terms in any grouping)
+    if sum(p.numel() for p in model.parameters()) > one_group_max:
+        for block in model.model.transformer.blocks:
+            fully_shard(block, mp_policy=mp, offload_policy=offload)
+    fully_shard(model, mp_policy=mp, offload_policy=offload)
+    return model
+
+
+def is_sharded(model):
+    """Whether FSDP2 shards the model (its parameters are DTensors: a full state dict is a collective)."""
+    from torch.distributed.fsdp import FSDPModule
+    return isinstance(model, FSDPModule)
+
+
+def compute_device(model):
+    """The device the model computes on: its parameters', or under --cpu-offload (parameters on the host) the GPU
+    that model.setup_distributed chose."""
+    device = next(model.parameters()).device
+    if device.type == "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def unwrap(model):
@@ -656,7 +710,7 @@ def gift_star_betas(model, inputs, path, pad_to, batch_size, beta_power, device,
     padded = mine + [0] * (math.ceil(len(examples) / world) - len(mine))  # equal batches: FSDP2's forward is collective
     with autocast:
         part = initial_model_betas(model, [examples[i] for i in padded], pad_id, length, batch_size, device, beta_power)
-    if hasattr(model, "reshard"):  # FSDP2 keeps the root's parameters gathered after a forward with no backward
+    if is_sharded(model):  # FSDP2 keeps the root's parameters gathered after a forward with no backward
         model.reshard()
     betas = torch.zeros(len(examples), length)
     for r, part_r in enumerate(gather_objects(part[:len(mine)])):
@@ -848,7 +902,11 @@ def train(opts, preemption):
     inputs = load_inputs(opts, rank, dtype)
     checkpoints = CheckpointManager(opts, world, inputs, preemption)
     lora = lora_settings(opts)
-    model = wrap_model(inputs.model, device, dtype, world, lora, opts.activation_checkpointing, opts.seed)
+    if opts.cpu_offload and not dist.is_initialized():  # FSDP2 needs a process group, even of one process
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1, device_id=device if device.type == "cuda" else None)
+    model = wrap_model(inputs.model, device, dtype, world, lora, opts.activation_checkpointing, opts.seed,
+                       parallel_of(opts), opts.cpu_offload)
     if opts.model and not opts.lora:
         load_weight_rows(model, opts.model, rank, world)  # full fine-tuning: each rank reads only its rows
 
@@ -936,6 +994,7 @@ def load_inputs(opts, rank, dtype):
         opts.max_len = config.max_sequence_length
     # the data, before the model: a bad row fails in seconds
     tokenizer = load_tokenizer(opts.model)
+    check_chat_tokens(tokenizer, opts.model)  # as sample.py and eval.py
     examples, stats = load_dataset(opts.data, tokenizer, fmt=opts.data_format, max_len=opts.max_len,
                                    skip_bad_rows=opts.skip_bad_rows)
     pad_id, data = special_ids(tokenizer, config).pad, dict(data=data_fingerprint(examples), examples=len(examples))
@@ -1115,6 +1174,7 @@ def step_micro_batches(examples, step_indices, epoch, rank, world, micro_batch, 
 # =====================================================================================================================
 
 import ctypes
+import errno
 import hashlib
 import io
 import pickle
@@ -1133,7 +1193,9 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
-from model import hash_weight_samples, lock_file, merged_state_dict, run_command_line, save_adapter
+from data import make_char_tokenizer
+from model import (hash_weights, lock_file, merged_state_dict, not_a_model_folder, run_command_line,
+                   save_adapter)
 
 
 class RunError(RuntimeError):
@@ -1145,7 +1207,7 @@ class RunError(RuntimeError):
 # checked by fingerprint)
 RESUMABLE_CHANGES = {"out", "resume", "overwrite", "log_every", "save_every", "keep_last", "max_bad_steps",
                      "eval_puzzles", "epochs", "max_steps", "model", "data", "save_dtype", "save_merged",
-                     "wandb_project"}
+                     "wandb_project", "cpu_offload"}
 
 
 @contextlib.contextmanager
@@ -1197,6 +1259,11 @@ def on_rank0(fn):
 WANDB_ID = "wandb_run_id"  # <out>/wandb_run_id: the W&B run this output folder logs to (--wandb-project)
 RUN_FILES = ("checkpoints", "latest", "metrics.jsonl", "ref_betas.pt", WANDB_ID, "wandb")  # what a run writes
 CHECKPOINT_PARTS = ("train_state", "trainer.json", "loop_state.pt", "model", "adapter", "merged")  # in step-N/
+CHECKPOINT_NAME = re.compile(r"step-(\d{7})(\.tmp)?")
+# the files of each part, as write_checkpoint writes them; anything else in a step-N folder is a user's
+MODEL_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json", *EXPORTED)
+PART_FILES = {"train_state": (".metadata", "*.distcp"), "adapter": ("adapter_config.json", "adapter_model.safetensors"),
+              "model": MODEL_FILES, "merged": MODEL_FILES}
 
 
 def lock_folder(out):
@@ -1210,11 +1277,18 @@ def lock_folder(out):
     return lock
 
 
-def claim_output_folder(out, resume, overwrite):
-    """Rank 0, before anything is written: lock the folder, refuse to start a fresh run over an existing one (unless
-    `overwrite`, which deletes it), and remove the .tmp folders of interrupted saves. Returns the lock."""
+def claim_output_folder(out, resume, overwrite, embedded=False):
+    """Rank 0, before anything is written: lock the folder, refuse a file the run would replace that a run did not
+    write (status.json; the embedded run's results and files too), refuse to start a fresh run over an existing one
+    (unless `overwrite`, which deletes it), and remove the .tmp folders of interrupted saves. Returns the lock."""
     lock = lock_folder(out)
     try:
+        # a file the run would replace (a folder of that name cannot be: StatusFile says so)
+        users = [str(out / name) for name, ours in (REPLACED_EMBEDDED if embedded else REPLACED).items()
+                 if (out / name).is_symlink() or ((out / name).is_file() and not ours(out / name))]
+        if users:
+            raise FileExistsError(f"{out} holds {', '.join(users)}, which the run would replace and no gift.py run "
+                                  "wrote; nothing was changed: move those away, or choose another --out")
         existing = [name for name in RUN_FILES if (out / name).exists() or (out / name).is_symlink()]
         foreign = not_ours(out) if existing else []
         named = (out / "latest").read_text().strip() if (out / "latest").is_file() else ""  # "": a damaged one
@@ -1233,8 +1307,9 @@ def claim_output_folder(out, resume, overwrite):
             for name in existing:
                 shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
         for tmp in (out / "checkpoints").glob("*.tmp"):  # interrupted saves (tens of GB each at 8B)
-            print(f"removing {tmp}, left by an interrupted save")
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp.is_dir() and not tmp.is_symlink() and CHECKPOINT_NAME.fullmatch(tmp.name):
+                print(f"removing {tmp}, left by an interrupted save")
+                delete_own_files(tmp)
     except BaseException:
         lock.close()
         raise
@@ -1248,10 +1323,10 @@ def not_ours(out):
     foreign = [str(out / name) for name in RUN_FILES if (out / name).is_symlink()]
     if (out / "checkpoints").is_dir() and not (out / "checkpoints").is_symlink():
         for p in (out / "checkpoints").iterdir():
-            if p.is_symlink() or not p.is_dir() or not re.fullmatch(r"step-\d{7}(\.tmp)?", p.name):
+            if p.is_symlink() or not p.is_dir() or not CHECKPOINT_NAME.fullmatch(p.name):
                 foreign.append(str(p))
-            else:  # a folder named like ours, holding a user's files
-                foreign += [str(f) for f in p.iterdir() if f.is_symlink() or f.name not in CHECKPOINT_PARTS]
+            else:  # a folder named like ours, holding a user's files at any depth
+                foreign += checkpoint_files(p)[1]
     if (out / "latest").is_file() and not re.fullmatch(r"step-\d{7}\n?", (out / "latest").read_text()[:64]):
         foreign.append(str(out / "latest"))
     if (out / "metrics.jsonl").is_file():
@@ -1260,6 +1335,38 @@ def not_ours(out):
         if first and not first.startswith(b'{"step": '):
             foreign.append(str(out / "metrics.jsonl"))
     return foreign
+
+
+# The files a run writes beside RUN_FILES, replacing what is there: each with the test that tells a run's own (its
+# content, as written here) from a user's file of that name, which is refused, not replaced
+def _json_of(path):
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads(path.read_bytes())
+
+
+def _run_status(path):
+    return isinstance(_json_of(path), dict) and _json_of(path).get("state") in STATES
+
+
+def _embedded_results(path):  # write_results'
+    return isinstance(_json_of(path), dict) and {"heldout", "train_seconds", "options"} <= _json_of(path).keys()
+
+
+def _embedded_tokenizer(path):
+    return _json_of(path) == json.loads(make_char_tokenizer().to_str())
+
+
+def _embedded_heldout(path):  # embedded_inputs': a header and (puzzle, solution) rows
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        return re.fullmatch(r"Puzzle,Solution\n([0-4]{16},[1-4]{16}\n)*", path.read_text()) is not None
+    return False
+
+
+STATES = ("running", "done", "preempted", "interrupted", "failed")  # status.json's
+REPLACED = {"status.json": _run_status}
+REPLACED_EMBEDDED = REPLACED | {"results.json": _embedded_results, "tokenizer.json": _embedded_tokenizer,
+                                GENERATION_DEFAULTS: lambda path: _json_of(path) == EMBEDDED_EVAL,
+                                EMBEDDED_EVAL["test_data"]: _embedded_heldout}
 
 
 class StatusFile:
@@ -1355,13 +1462,13 @@ def die_with_parent(signum):
 
 
 @contextlib.contextmanager
-def run_folder(out, resume, overwrite):
+def run_folder(out, resume, overwrite, embedded=False):
     """The run's output folder, claimed for the run's life: rank 0 locks it (claim_output_folder), every rank catches
     the preemption signals (the Preemption it yields, which train reads), and <out>/status.json tells a requeue
     script how the run stands: running, then done, preempted (resume it), interrupted (Ctrl-C) or failed, with the
     last checkpoint."""
     setup_distributed()
-    lock = on_rank0(lambda: claim_output_folder(out, resume, overwrite))
+    lock = on_rank0(lambda: claim_output_folder(out, resume, overwrite, embedded))
     status = StatusFile(out) if is_rank0() else None
     try:
         with Preemption(status) as preemption:  # its handlers stay until the final state is written
@@ -1442,7 +1549,7 @@ class CheckpointManager:
 
     def __init__(self, opts, world, inputs, preemption):
         self.opts, self.world, self.inputs, self.preemption = opts, world, inputs, preemption
-        self.out = Path(opts.out)
+        self.out, self.kept = Path(opts.out), set()  # kept: old checkpoints that could not be deleted
         if opts.model:  # the base folder file by file, so that --resume can say which file changed
             inputs.fingerprints["files"] = file_fingerprints(opts.model)
         check_same_inputs(inputs.fingerprints)
@@ -1457,7 +1564,7 @@ class CheckpointManager:
         metrics.jsonl to the step. A run resumed with another length (--epochs or --max-steps changed) keeps its
         steps and stretches its learning-rate schedule to the new length, as if planned so; it says so."""
         self.model, self.optimizer, self.scheduler, self.beta_cache = model, optimizer, scheduler, beta_cache
-        self.device = next(model.parameters()).device
+        self.device = compute_device(model)
         opts, out = self.opts, self.out
         state, unlogged = TrainState(), []
         rank = dist.get_rank() if dist.is_initialized() else 0
@@ -1478,7 +1585,7 @@ class CheckpointManager:
                 beta_cache.load_state_dict(loop_state["beta_cache"])
             torch.set_rng_state(loop_state["rng"][rank]["cpu"])
             if loop_state["rng"][rank]["cuda"] is not None:
-                torch.cuda.set_rng_state(loop_state["rng"][rank]["cuda"], next(model.parameters()).device)
+                torch.cuda.set_rng_state(loop_state["rng"][rank]["cuda"], self.device)
             on_rank0(lambda: atomic_write_text(out / "latest", name + "\n"))  # it may have named a damaged one
             print0(f"resumed from {ckpt}: step {state.step} (epoch {state.epoch}, step {state.step_in_epoch} in it)")
             if state.total_steps not in (0, total_steps):
@@ -1531,7 +1638,7 @@ class CheckpointManager:
         name = f"step-{state.step:07d}"
         ours = [n for n in state.checkpoints if n != name] + [name]
         state.checkpoints = ours[-opts.keep_last:]
-        device = next(self.model.parameters()).device
+        device = compute_device(self.model)
         rng = gather_objects({"cpu": torch.get_rng_state(),
                               "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
         trainer = dict(state=dataclasses.asdict(state), options=dataclasses.asdict(opts), world_size=self.world,
@@ -1543,25 +1650,99 @@ class CheckpointManager:
         if is_rank0():
             if self.preemption.status:
                 self.preemption.status.write("running")  # with the checkpoint a kill -9 would resume from
-            for old in ours[:-opts.keep_last]:
-                delete_checkpoint(out / "checkpoints" / old)
+            # every older checkpoint in the folder, not only those this process wrote: a kill -9 between a save and
+            # its rotation leaves one that no process remembers
+            older = [n for n in saved_checkpoints(out / "checkpoints", state.step) if n not in self.kept]
+            for old in older[:-opts.keep_last]:
+                if not delete_checkpoint(out / "checkpoints" / old):
+                    self.kept.add(old)  # said once; no longer rotated
+
+
+def checkpoint_files(folder):
+    """(ours, theirs): the paths under a step-N folder, at any depth, that write_checkpoint writes (PART_FILES), and
+    the others (a user's notes, an eval.json beside model/, a symbolic link), which nothing of the run deletes."""
+    ours, theirs = [], []
+    for root, dirs, files in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        for name in files + [d for d in dirs if Path(root, d).is_symlink()]:
+            path = Path(root, name)
+            if path.is_symlink():
+                own = False
+            elif rel == Path("."):
+                own = name in ("trainer.json", "loop_state.pt")
+            else:
+                own = len(rel.parts) == 1 and any(path.match(p) for p in PART_FILES.get(rel.parts[0], ()))
+            (ours if own else theirs).append(str(path))
+        if rel == Path("."):
+            theirs += [str(Path(root, d)) for d in dirs if d not in PART_FILES and not Path(root, d).is_symlink()]
+            dirs[:] = [d for d in dirs if d in PART_FILES]  # a folder of the user's is kept whole, unread
+        else:
+            theirs += [str(Path(root, d)) for d in dirs if not Path(root, d).is_symlink()]
+            dirs[:] = []
+    return ours, theirs
+
+
+def delete_own_files(folder):
+    """Delete what a checkpoint's own (checkpoint_files) in `folder` and the folders that end up empty; say once what
+    is kept. Returns the kept paths."""
+    ours, theirs = checkpoint_files(folder)
+    if not theirs:
+        shutil.rmtree(folder, ignore_errors=True)
+        return []
+    for path in ours:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    for part in [folder / name for name in PART_FILES] + [folder]:
+        with contextlib.suppress(OSError):
+            part.rmdir()  # only when empty
+    print(f"kept {', '.join(theirs)} in {folder}: not written by gift.py (the checkpoint's own files are deleted)",
+          flush=True)
+    return theirs
+
+
+def move_into(tmp, folder):
+    """A new checkpoint's files (tmp) moved into `folder`, which holds a user's files only (delete_own_files):
+    trainer.json last, so that a kill midway leaves a checkpoint resume refuses as incomplete. A part that is a
+    user's file or symbolic link (written through, it would change what it points to) is refused, nothing moved."""
+    targets = [folder / part.name for part in tmp.iterdir() if part.is_dir()]
+    blocked = [str(t) for t in targets if t.is_symlink() or t.exists() and not t.is_dir()]
+    if blocked:
+        raise OSError(errno.EEXIST, f"{', '.join(blocked)} is not a folder gift.py wrote (a file or a link of the "
+                                    "user's where the checkpoint writes a folder); move it away")
+    files = sorted((f for f in tmp.rglob("*") if not f.is_dir()), key=lambda f: f.name == "trainer.json")
+    for f in files:
+        (folder / f.relative_to(tmp)).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(f, folder / f.relative_to(tmp))
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def delete_checkpoint(folder):
     """Rotation's delete of an old checkpoint of this run: renamed to .tmp first (a kill in mid-delete leaves a .tmp
-    that start-up removes), then removed. One that cannot be deleted (a read-only folder in it) is left whole, said
-    once, and no longer this run's to rotate."""
+    that start-up removes), then removed; a user's files in it are kept where they are (delete_own_files). One that
+    cannot be deleted (a read-only folder in it) is left whole and said. Returns False when it kept it whole."""
     if not folder.exists():
-        return
+        return True
     parts = [folder.parent, folder] + [d for d in folder.rglob("*") if d.is_dir() and not d.is_symlink()]
     locked = [d for d in parts if not os.access(d, os.W_OK)]
     if locked:
         print(f"warning: cannot delete the old checkpoint {folder} ({locked[0]} is read-only): kept; delete it "
               "yourself when you no longer need it", file=sys.stderr, flush=True)
-        return
+        return False
+    if checkpoint_files(folder)[1]:  # a user's files in it: deleted in place, nothing renamed
+        delete_own_files(folder)
+        return True
     doomed = folder.with_name(folder.name + ".tmp")
     os.replace(folder, doomed)
     shutil.rmtree(doomed, ignore_errors=True)
+    return True
+
+
+def saved_checkpoints(folder, up_to):
+    """The names of the checkpoints in `folder` (checkpoints/) up to step `up_to`, oldest first: every step-N folder
+    holding a checkpoint's files, those a kill left behind included."""
+    found = [p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()] if folder.is_dir() else []
+    return sorted(p.name for p in found if (m := CHECKPOINT_NAME.fullmatch(p.name)) and not m.group(2)
+                  and int(m.group(1)) <= up_to and checkpoint_files(p)[0])
 
 
 @dataclass
@@ -1608,21 +1789,28 @@ def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, e
     model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=lora))
     with quiet_single_process_dcp():
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "train_state"))
-    full = None
-    if not lora:  # gather the full weights (collective under FSDP2) for the Hugging Face export
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = None  # LoRA under DDP: rank 0 reads its own whole copy
+    if not lora or is_sharded(model):  # gather the full weights (collective under FSDP2) onto rank 0's host, one
+        # tensor at a time: for a sharded LoRA base only the adapters, unless the merged model is exported
+        full = get_model_state_dict(model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=lora and not export.merged))
     if is_rank0():
         config = unwrap(model).config
         if lora:
-            save_adapter(unwrap(model), tmp / "adapter", base_model_name_or_path=export.base_name)
+            save_adapter(unwrap(model), tmp / "adapter", base_model_name_or_path=export.base_name, state=full)
             if export.merged:
-                export_pretrained(config, merged_state_dict(unwrap(model)), tmp / "merged", export.dtype, export.files)
+                export_pretrained(config, merged_state_dict(unwrap(model), full), tmp / "merged", export.dtype,
+                                  export.files)
         else:
             export_pretrained(config, full, tmp / "model", export.dtype, export.files)
         torch.save(loop_state, tmp / "loop_state.pt")
         (tmp / "trainer.json").write_text(json.dumps(trainer, indent=2))
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(tmp, folder)  # the checkpoint becomes visible only when complete
+        if folder.exists():  # saved again at its step (resume fell back past a damaged one): ours go, a user's stay
+            delete_own_files(folder)
+        if folder.exists():
+            move_into(tmp, folder)
+        else:
+            os.replace(tmp, folder)  # the checkpoint becomes visible only when complete
         atomic_write_text(folder.parent.parent / "latest", folder.name + "\n")
     barrier()
 
@@ -1684,9 +1872,18 @@ def checkpoint_problem(ckpt):
             return f"{part} is missing"
     try:
         meta = json.loads((ckpt / "trainer.json").read_text())
-        TrainState(**meta["state"]), meta["options"], meta["fingerprints"], meta["world_size"]
+        step = TrainState(**meta["state"]).step
+        meta["options"], meta["fingerprints"], meta["world_size"]
     except (ValueError, KeyError, TypeError) as e:
         return f"trainer.json is unreadable ({type(e).__name__}: {e})"
+    try:  # the step three times: the folder's name, trainer.json and the saved schedule (one step per step)
+        scheduled = torch.load(ckpt / "loop_state.pt", weights_only=True)["scheduler"]["last_epoch"]
+    except Exception as e:  # any unpickling error
+        return f"loop_state.pt is unreadable ({type(e).__name__})"
+    named = CHECKPOINT_NAME.fullmatch(ckpt.name)
+    if (named and int(named.group(1)) != step) or scheduled != step:
+        return (f"trainer.json says step {step}, the folder's name {ckpt.name} and loop_state.pt's schedule step "
+                f"{scheduled} (edited or mixed up)")
     try:
         storage = CheckpointReader(str(ckpt / "train_state")).read_metadata().storage_data
     except Exception as e:  # any unpickling error, a refused class included
@@ -1735,6 +1932,8 @@ def check_resumable(ckpt, opts, world, inputs):
 
     def resolve(name, value, resolved):  # "auto" stands for what it resolved to (dtype auto = float32 on the CPU)
         return resolved.get(name, value) if value == "auto" else value
+    # an option newer than the checkpoint had its default value then
+    saved = {**dataclasses.asdict(TrainOptions()), **saved}
     differ = {k: (saved.get(k), v) for k, v in dataclasses.asdict(opts).items() if k not in RESUMABLE_CHANGES
               and resolve(k, saved.get(k), then_resolved) != resolve(k, v, now_resolved)}
     if differ:
@@ -1763,7 +1962,7 @@ def check_resumable(ckpt, opts, world, inputs):
 def file_fingerprints(folder):
     """The base folder's fingerprint file by file, for --resume to name the file that changed: config.json and the
     tokenizer (tokenizer.json, or a slow tokenizer's vocab.json and merges.txt) by content (JSON parsed and dumped
-    canonically: a reformatted file is the same file), the weights by model.folder_fingerprint's samples."""
+    canonically: a reformatted file is the same file), the weights whole (as model.folder_fingerprint)."""
     folder, prints = Path(folder), {}
     for name in ("config.json", "tokenizer.json", "vocab.json", "merges.txt"):
         if (folder / name).is_file():
@@ -1772,7 +1971,7 @@ def file_fingerprints(folder):
                 with contextlib.suppress(ValueError):  # not JSON: its bytes
                     data = json.dumps(json.loads(data), sort_keys=True, separators=(",", ":")).encode()
             prints[name] = hashlib.sha256(data).hexdigest()[:16]
-    prints["weights"] = hash_weight_samples(hashlib.sha256(), folder).hexdigest()[:16]  # as model.folder_fingerprint
+    prints["weights"] = hash_weights(hashlib.sha256(), folder).hexdigest()[:16]  # as model.folder_fingerprint
     return prints
 
 
@@ -1946,15 +2145,16 @@ def write_results(out, opts, results, folder, train_s, total_s, puzzle):
 def main(argv=None):
     opts = parse_options(argv)
     t0 = time.time()
-    with run_folder(Path(opts.out), opts.resume, opts.overwrite) as preemption:
+    with run_folder(Path(opts.out), opts.resume, opts.overwrite, embedded=not opts.model) as preemption:
         model, inputs, checkpoint = train(opts, preemption)
-    t_train = time.time() - t0
-    folder = checkpoint / ("adapter" if opts.lora else "model")
-    if inputs.heldout is not None:  # the embedded default: evaluate on held-out puzzles with the block sampler
-        from eval import evaluate_embedded  # here, not at the top: importing gift.py does not import eval.py
-        results = evaluate_embedded(inputs.heldout, checkpoint, opts.seed, next(model.parameters()).device)
-        if is_rank0():
-            write_results(Path(opts.out), opts, results, folder, t_train, time.time() - t0, inputs.heldout[0][0])
+        preemption.looping = False  # a signal in the final evaluation exits at once, status.json saying so
+        t_train = time.time() - t0
+        folder = checkpoint / ("adapter" if opts.lora else "model")
+        if inputs.heldout is not None:  # the embedded default: evaluate on held-out puzzles with the block sampler
+            from eval import evaluate_embedded  # here, not at the top: importing gift.py does not import eval.py
+            results = evaluate_embedded(inputs.heldout, checkpoint, opts.seed, compute_device(model))
+            if is_rank0():
+                write_results(Path(opts.out), opts, results, folder, t_train, time.time() - t0, inputs.heldout[0][0])
     end_distributed()  # every rank done with every collective before the process group goes
 
 

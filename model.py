@@ -344,14 +344,16 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(D, cfg.mlp_hidden_size, bias=False)
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, D, bias=False)
 
-    def forward(self, x, rope, key_mask, kv=None, start=0, attn_rows=None):
+    def forward(self, x, rope, key_mask, kv=None, start=0, attn_rows=None, kv_write=False):
         """x (B, S, D) at positions start .. start + S - 1; rope (S, hd) or, one row per sequence, (B, 1, S, hd)
         complex, cos + i sin of those positions (see LLaDA.forward for why complex); key_mask None or (B, 1, 1 or S,
         L_all) bool, True = may be attended to. kv: None, or a list:
         empty, this call's keys and values (B, Hkv, S, hd) are appended to it; holding (k, v) of a whole sequence
         from an earlier call, the other positions' keys and values come from it (Fast-dLLM's cache, sample.py).
         attn_rows (inference only): (qs, qe, rows): the attention probabilities of this call's queries qs .. qe - 1,
-        averaged over heads, (B, qe - qs, L_all), are appended to the list rows (sample.py's drift test)."""
+        averaged over heads, (B, qe - qs, L_all), are appended to the list rows (sample.py's drift test).
+        kv_write: with a held (k, v), this span's keys and values are written into it, in place (sample.py's
+        windowed refresh), and read from it."""
         B, L, D = x.shape
         cos, sin = rope.real, rope.imag  # (L, hd) or (B, 1, L, hd) float32
         n = self.attn_norm(x)
@@ -361,6 +363,10 @@ class Block(nn.Module):
         q, k = apply_rope(q, cos, sin, self.rope_in_float32), apply_rope(k, cos, sin, self.rope_in_float32)
         if kv is not None and not kv:
             kv.append((k, v))
+        elif kv is not None and kv_write:  # this span's keys / values replace the cached ones
+            (k_all, v_all), end = kv[0], start + L
+            k_all[:, :, start:end], v_all[:, :, start:end] = k, v
+            k, v = k_all, v_all  # (B, Hkv, L_all, hd)
         elif kv is not None:  # cached keys / values before and after this span
             (k_all, v_all), end = kv[0], start + L
             k = torch.cat([k_all[:, :, :start], k, k_all[:, :, end:]], dim=2)  # (B, Hkv, L_all, hd)
@@ -435,7 +441,7 @@ class LLaDA(nn.Module):
         return self
 
     def forward(self, input_ids, attention_mask=None, return_hidden=False, kv_cache=None, start=0, attn_rows=None,
-                position_ids=None):
+                position_ids=None, kv_write=False):
         """input_ids (B, L); attention_mask (B, L), 1 = real token, 0 = padding (hidden from every query; for Dream a
         padding query also sees no key, the query-and-key mask its official code builds from a 2-D mask, which
         changes only the padding rows' own logits). position_ids (B, L), optional: each token's RoPE position
@@ -449,7 +455,8 @@ class LLaDA(nn.Module):
         cache was made from; every other position's keys and values are the cached ones (stale where those tokens
         have changed since: the approximation of a cached sampler). attention_mask stays over the whole sequence.
         Without kv_cache the forward is the plain one. attn_rows (inference only): (qs, qe, rows): each block appends
-        to the list rows its head-averaged attention probabilities of queries qs .. qe - 1 of input_ids (Block)."""
+        to the list rows its head-averaged attention probabilities of queries qs .. qe - 1 of input_ids (Block).
+        kv_write (with a filled kv_cache): the span's keys and values are also written into the cache (Block)."""
         tr = self.model.transformer
         B, L = input_ids.shape
         x = tr.wte(input_ids)  # (B, L, D)
@@ -472,7 +479,7 @@ class LLaDA(nn.Module):
             if self.activation_checkpointing and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, rope, key_mask, use_reentrant=False)
             elif kv_cache is not None:
-                x = block(x, rope, key_mask, kv=kv_cache[i], start=start, attn_rows=attn_rows)
+                x = block(x, rope, key_mask, kv=kv_cache[i], start=start, attn_rows=attn_rows, kv_write=kv_write)
             else:
                 x = block(x, rope, key_mask, attn_rows=attn_rows)
         h = tr.ln_f(x)
@@ -729,10 +736,17 @@ def load_weight_rows(model, path, rank, world):
 
 
 def atomic_write_text(path, text):
+    """`text` into `path`, whole or not at all (written beside it, then renamed); an OSError names the path (a full
+    disk's ENOSPC names none)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise OSError(e.errno, f"cannot write {path} ({e.strerror or e})") from e
 
 
 @contextlib.contextmanager
@@ -886,9 +900,12 @@ def lora_disabled(model):
             m.enabled = s
 
 
-def merged_weight(m):
-    """W + B A * scale of a LoRALinear, computed in float32 and returned in W's dtype."""
-    return (m.weight.float() + (m.lora_B @ m.lora_A) * m.scaling).to(m.weight.dtype)
+def merged_weight(m, weight=None, lora_A=None, lora_B=None):
+    """W + B A * scale of a LoRALinear (or of the tensors given for it), computed in float32 and returned in W's
+    dtype."""
+    W, A, B = (m.weight if weight is None else weight, m.lora_A if lora_A is None else lora_A,
+               m.lora_B if lora_B is None else lora_B)
+    return (W.float() + (B @ A) * m.scaling).to(W.dtype)
 
 
 @torch.no_grad()
@@ -907,13 +924,17 @@ def merge_lora(model):
 
 
 @torch.no_grad()
-def merged_state_dict(model):
+def merged_state_dict(model, state=None):
     """The state dict of the base model with every adapter folded in, leaving `model` as it is (a merged export
-    in the middle of training): the base's own tensors, plus one new tensor per adapted linear."""
-    state = {k: v for k, v in model.state_dict().items() if ".lora_" not in k}
+    in the middle of training): the base's own tensors, plus one new tensor per adapted linear. state: the model's
+    whole state dict to read instead of its own (a sharded model's, gathered: gift.write_checkpoint)."""
+    full = model.state_dict() if state is None else state
+    merged = {k: v for k, v in full.items() if ".lora_" not in k}
     for name, m in lora_layers(model):
-        state[f"{name}.weight"] = merged_weight(m)
-    return state
+        merged[f"{name}.weight"] = (merged_weight(m) if state is None else
+                                    merged_weight(m, full[f"{name}.weight"], full[f"{name}.lora_A"],
+                                                  full[f"{name}.lora_B"]))
+    return merged
 
 
 # PEFT's on-disk names (base_model.model.<module name>.lora_A.weight), so adapters move between this code and
@@ -926,19 +947,22 @@ PEFT_UNSUPPORTED = ("use_dora", "fan_in_fan_out", "modules_to_save", "layer_repl
                     "use_qalora", "alora_invocation_tokens")
 
 
-def save_adapter(model, path, base_model_name_or_path=""):
+def save_adapter(model, path, base_model_name_or_path="", state=None):
     """adapter_config.json + adapter_model.safetensors in PEFT's LoRA format, written atomically, in the
     checkpoint's module names (Dream's for Dream): the targets as given when PEFT on the official model matches them
     to the same modules (the paper's q_proj, k_proj, v_proj always do), else the adapted modules' full names; and
-    the modules whose rank or alpha differ from the run's in rank_pattern / alpha_pattern under their full names."""
+    the modules whose rank or alpha differ from the run's in rank_pattern / alpha_pattern under their full names.
+    state: a state dict holding the adapters' tensors, read instead of the model's own (a sharded model's, gathered:
+    gift.write_checkpoint)."""
     layers = lora_layers(model)
     if not layers:
         raise ValueError("the model has no LoRA adapters to save")
     cfg, name_of = model.lora_config, model.config.checkpoint_name
     tensors = {}
     for name, m in layers:
-        tensors[f"{_PEFT_PREFIX}{name_of(name)}.lora_A.weight"] = m.lora_A.detach().contiguous().cpu()  # (r, in)
-        tensors[f"{_PEFT_PREFIX}{name_of(name)}.lora_B.weight"] = m.lora_B.detach().contiguous().cpu()  # (out, r)
+        A, B = (m.lora_A, m.lora_B) if state is None else (state[f"{name}.lora_A"], state[f"{name}.lora_B"])
+        tensors[f"{_PEFT_PREFIX}{name_of(name)}.lora_A.weight"] = A.detach().contiguous().cpu()  # (r, in)
+        tensors[f"{_PEFT_PREFIX}{name_of(name)}.lora_B.weight"] = B.detach().contiguous().cpu()  # (out, r)
     targets, which, pattern = cfg["targets"], cfg.get("layers_to_transform"), cfg.get("layers_pattern")
     if lora_target_names(model, targets, which, pattern, checkpoint_names_only=True) != [n for n, _ in layers]:
         targets, which, pattern = [name_of(n) for n, _ in layers], None, None  # e.g. our "attn_out" on Dream
@@ -975,13 +999,38 @@ def find_model(path):
             return p / sub, None
     adapter = p / "adapter"
     if (adapter / "adapter_config.json").is_file():
-        base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+        base = read_adapter_config(adapter).get("base_model_name_or_path") or ""
         if (Path(base) / "config.json").is_file():
             return Path(base), adapter
         raise FileNotFoundError(f"{adapter} is a LoRA adapter on {base!r}, which is not a model folder here: give "
                                 f"--model BASE_FOLDER --adapter {adapter}")
+    if (p / "adapter_config.json").is_file():  # the adapter itself, not a checkpoint holding one
+        base = read_adapter_config(p).get("base_model_name_or_path") or "BASE_FOLDER"
+        raise FileNotFoundError(f"--model {path}: a LoRA adapter folder (adapter_config.json), not a model; give "
+                                f"--model {base} --adapter {path}")
     raise FileNotFoundError(f"--model {path}: not a model folder (no config.json), nor a gift.py checkpoint (with "
                             "model/, merged/ or adapter/) or run folder (with a `latest` file)")
+
+
+def not_a_model_folder(path):
+    """Why `path` cannot be given as a base model folder (gift.py's --model, which takes no run or adapter), saying
+    what to give instead; None for a model folder (config.json), or a path of no known kind."""
+    p = Path(path)
+    if (p / "config.json").is_file():
+        return None
+    if (p / "adapter_config.json").is_file():
+        return ("a LoRA adapter folder (adapter_config.json), not a model: give the base it was trained on as --model "
+                "(its adapter_config.json names it), or merge it first")
+    if (p / "latest").is_file():
+        return (f"a gift.py run folder, not a model: continue that run with --resume --out {path}, or give one of its "
+                "checkpoints' model/ or merged/ folders as --model")
+    for sub in ("model", "merged"):
+        if (p / sub / "config.json").is_file():
+            return f"a gift.py checkpoint, not a model folder: give --model {p / sub}"
+    if (p / "adapter" / "adapter_config.json").is_file():
+        return ("a gift.py checkpoint of a LoRA run (adapter/ only): give the base model as --model, or export "
+                "merged/ with --save-merged")
+    return None  # a folder of no known kind (or none): the loader says what is missing
 
 
 def generation_defaults(folder):
@@ -996,13 +1045,53 @@ def generation_defaults(folder):
         raise ValueError(f"{path}: not JSON ({e})") from None
 
 
-def load_adapter(model, path):
-    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding the LoRA layers if it has none: targets as a
-    list or a regex, layers_to_transform / layers_pattern, rank_pattern, alpha_pattern and use_rslora as PEFT reads
-    them; a setting this code does not implement (PEFT_UNSUPPORTED, a bias) is refused by name."""
-    path = Path(path)
-    cfg_file = path / "adapter_config.json"
-    cfg = json.loads(cfg_file.read_text())
+def read_adapter_config(path):
+    """An adapter folder's adapter_config.json, checked before any weight loads: a ValueError in one line naming the
+    file and the field for what PEFT would reject or this code cannot compute (r a positive int, lora_alpha a finite
+    positive number, target_modules a non-empty list of names or a regex, lora_dropout in [0, 1), rank_pattern /
+    alpha_pattern values as r / lora_alpha, PEFT_UNSUPPORTED settings, a bias). Returns the dict."""
+    cfg_file = Path(path) / "adapter_config.json"
+    if not cfg_file.is_file():
+        hint = "a LoRA adapter folder holds adapter_config.json and adapter_model.safetensors"
+        if (Path(path) / "config.json").is_file():
+            hint = f"it is a model folder (config.json): give it as --model {path}"
+        elif (Path(path) / "adapter" / "adapter_config.json").is_file():
+            hint = f"it is a gift.py checkpoint: give --adapter {Path(path) / 'adapter'}"
+        raise FileNotFoundError(f"--adapter {path}: no adapter_config.json; {hint}")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise ValueError(f"{cfg_file}: not JSON ({str(e).splitlines()[0][:200]})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{cfg_file}: expected a JSON object of settings, got {type(cfg).__name__}")
+
+    def number(value, whole):  # json gives bool for true / false, which is an int to Python
+        kinds = int if whole else (int, float)
+        return isinstance(value, kinds) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+    def refuse(field, value, what):
+        raise ValueError(f"{cfg_file}: field {field!r} = {json.dumps(value)}: expected {what}")
+
+    checks = {"r": (True, "a whole number >= 1 (the rank)"), "lora_alpha": (False, "a finite number > 0")}
+    for field, (whole, what) in checks.items():
+        if field not in cfg:
+            raise ValueError(f"{cfg_file}: no field {field!r} ({what})")
+        if not number(cfg[field], whole):
+            refuse(field, cfg[field], what)
+    for field, base in (("rank_pattern", "r"), ("alpha_pattern", "lora_alpha")):
+        patterns = cfg.get(field) or {}
+        if not isinstance(patterns, dict):
+            refuse(field, patterns, "an object of module name: value")
+        for key, value in patterns.items():
+            if not number(value, checks[base][0]):
+                refuse(f"{field}[{key!r}]", value, f"as {base}, {checks[base][1]}")
+    targets = cfg.get("target_modules")
+    if not (isinstance(targets, str) and targets or isinstance(targets, list) and targets
+            and all(isinstance(t, str) and t for t in targets)):
+        refuse("target_modules", targets, "a non-empty list of module names, or a regex string")
+    dropout = cfg.get("lora_dropout", 0.0)
+    if not (isinstance(dropout, (int, float)) and not isinstance(dropout, bool) and 0 <= dropout < 1):
+        refuse("lora_dropout", dropout, "a probability in [0, 1)")
     if cfg.get("peft_type", "LORA") != "LORA":
         raise ValueError(f"{cfg_file}: peft_type = {cfg['peft_type']!r} is not supported (only LORA)")
     if cfg.get("bias", "none") != "none":
@@ -1010,6 +1099,15 @@ def load_adapter(model, path):
     for key in PEFT_UNSUPPORTED:
         if cfg.get(key):
             raise ValueError(f"{cfg_file}: {key} = {cfg[key]!r} is not supported by this implementation")
+    return cfg
+
+
+def load_adapter(model, path):
+    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding the LoRA layers if it has none: targets as a
+    list or a regex, layers_to_transform / layers_pattern, rank_pattern, alpha_pattern and use_rslora as PEFT reads
+    them; adapter_config.json checked first (read_adapter_config)."""
+    path = Path(path)
+    cfg = read_adapter_config(path)
     if not lora_layers(model):
         add_lora(model, r=cfg["r"], alpha=cfg["lora_alpha"], dropout=cfg.get("lora_dropout", 0.0),
                  targets=cfg["target_modules"], rank_pattern=cfg.get("rank_pattern"),
@@ -1114,6 +1212,9 @@ def run_command_line(main, name, rank0_only=False, errors=(ValueError, OSError))
         if not rank0_only or not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
             print(f"{name}: error: {e}", file=sys.stderr)
         sys.exit(1)
+    except KeyboardInterrupt as e:  # Ctrl-C: one line, and the shell's status for SIGINT
+        print(f"{name}: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
+        sys.exit(130)
 
 def parse_dataclass_flags(parser, cls, argv=None):
     """One flag per field of the dataclass `cls` (--name-with-dashes, typed, its help and choices from the field's
@@ -1138,37 +1239,73 @@ def add_dataclass_flags(parser, cls):
 # Fingerprints: short sha256 prefixes that tell a changed base model apart (gift.py's checkpoints record them; --resume
 # refuses another base)
 
-WEIGHT_SAMPLES, WEIGHT_SAMPLE_BYTES = 16, 1 << 16
+# whole-file hashes of weight files, cached by what any write changes (file_sha256): in memory, and in this file
+WEIGHT_HASH_CACHE = Path(os.environ.get("GIFT_CACHE_DIR") or Path.home() / ".cache" / "gift") / "weight_hashes.json"
+WEIGHT_HASH_CACHE_SIZE = 4096  # entries kept (a few hundred bytes each)
+RACY_SECONDS = 2  # a file changed this recently may change again within the same timestamp: hashed, not cached
+_weight_hashes = {}
 
 
 def folder_fingerprint(folder):
     """sha256 of a Hugging Face folder's config.json, tokenizer (tokenizer.json, or a slow tokenizer's vocab.json and
-    merges.txt) and weights. Each safetensors file contributes
-    its size, its header (names, dtypes, shapes) and 16 evenly spaced 64 KiB samples of its data: fine-tuning
-    changes those bytes, and reading all 16 GB of LLaDA-8B at every start would take a minute."""
+    merges.txt) and weights, every byte of them (hash_weights): a model re-merged or retrained into the same path is
+    another model for eval's resume, --resume and the adapter's base check."""
     folder, h = Path(folder), hashlib.sha256()
     # a slow tokenizer's files (Dream's) when there is no tokenizer.json
     tokenizer = ("tokenizer.json",) if (folder / "tokenizer.json").is_file() else ("vocab.json", "merges.txt")
     for name in ("config.json",) + tokenizer:
         if (folder / name).is_file():
             h.update(name.encode() + (folder / name).read_bytes())
-    return hash_weight_samples(h, folder).hexdigest()[:16]
+    return hash_weights(h, folder).hexdigest()[:16]
 
 
-def hash_weight_samples(h, folder):
-    """Feed the hash `h` each safetensors file of `folder`: its name and size, its header (names, dtypes, shapes) and
-    WEIGHT_SAMPLES evenly spaced samples of its data. Returns h."""
+def hash_weights(h, folder):
+    """Feed the hash `h` each safetensors file of `folder`: its name and the sha256 of all its bytes. Returns h."""
     for path in weight_files(folder):
-        size = path.stat().st_size
-        h.update(f"{path.name} {size}".encode())
-        with open(path, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            h.update(f.read(min(header_len, size)))
-            start = 8 + header_len
-            for k in range(WEIGHT_SAMPLES):
-                f.seek(start + k * max(size - start, 0) // WEIGHT_SAMPLES)
-                h.update(f.read(WEIGHT_SAMPLE_BYTES))
+        h.update(f"{path.name} {file_sha256(path)}".encode())
     return h
+
+
+def file_sha256(path):
+    """sha256 of a whole file, cached in memory and in WEIGHT_HASH_CACHE by its real path, size, inode and modification
+    and change times: LLaDA-8B's 16 GB are read once, not at every start. Any write to the file moves its change time
+    (ctime), which no user call can set back, so a changed byte is never missed; a file changed in the last
+    RACY_SECONDS is not cached (a write within the same coarse timestamp would not move it)."""
+    st = os.stat(path)
+    key = f"{os.path.realpath(path)} {st.st_size} {st.st_ino} {st.st_mtime_ns} {st.st_ctime_ns}"
+    if key not in _weight_hashes:
+        _weight_hashes.update(_read_hash_cache())
+    if key in _weight_hashes:
+        return _weight_hashes[key]
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    if time.time() - st.st_ctime_ns / 1e9 > RACY_SECONDS and os.stat(path).st_ctime_ns == st.st_ctime_ns:
+        _weight_hashes[key] = h.hexdigest()
+        _write_hash_cache(key, h.hexdigest())
+    return h.hexdigest()
+
+
+def _read_hash_cache():
+    try:
+        cache = json.loads(WEIGHT_HASH_CACHE.read_text())
+        return cache if isinstance(cache, dict) else {}
+    except (OSError, ValueError):  # none yet, or unreadable: hashed again
+        return {}
+
+
+def _write_hash_cache(key, digest):
+    """Add one entry to the cache file (written whole under a name of its own, then renamed: processes hashing at
+    the same time lose an entry at worst). A cache that cannot be written is only memory."""
+    cache = _read_hash_cache()
+    cache[key] = digest
+    cache = dict(list(cache.items())[-WEIGHT_HASH_CACHE_SIZE:])
+    tmp = WEIGHT_HASH_CACHE.with_name(f"{WEIGHT_HASH_CACHE.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(OSError):
+        WEIGHT_HASH_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(cache))
+        os.replace(tmp, WEIGHT_HASH_CACHE)
 
 
 def tensors_fingerprint(model):

@@ -44,7 +44,8 @@ CACHES = (None, "prefix", "dual")  # generate_cached's key/value caches (None: n
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")  # Dream's diffusion_generate
 SAMPLERS = ("block", "dream")  # generate / generate_cached, or diffusion_generate (SamplerOptions.sampler)
 # the options only one of them reads: a flag of the other's is refused (check_sampler_choice)
-BLOCK_ONLY = ("block_length", "cfg_scale", "remasking", "cache", "threshold", "cache_refresh", "cache_drift")
+BLOCK_ONLY = ("block_length", "cfg_scale", "remasking", "cache", "threshold", "cache_refresh", "cache_drift",
+              "cache_window")
 DREAM_ONLY = ("alg", "alg_temp", "eps", "top_p", "top_k")
 
 
@@ -79,6 +80,13 @@ class SamplerOptions:
         a row whose tracked token's attention drifted at a step gets its cache rebuilt at the next step (a full
         forward of that row; rebuild_rows), and reads it as the others do. Elastic-Cache also recomputes only the
         layers from the drifting one on, and keeps distant masks cached; here a drifting row is rebuilt whole.
+    cache_window: W = reuse the settled blocks' cache across blocks (dKV-Cache, Elastic-Cache's "distant tokens stay
+        cached"): after the first block, a step that would rebuild the cache (a block's first, a --cache-refresh one)
+        recomputes only the positions from W before the block to W after it (prefix: to the end), writes their keys
+        and values into the cache, and keeps every other position's (the prompt's and the finished blocks' from when
+        they were last in the window; the far masks' from the first block). A full forward costs the whole sequence;
+        this one 2 W + block_length positions, whatever the generation length. W >= block_length recomputes the
+        block just finished with its final tokens; W covering the sequence with cache_refresh=1 is the exact sampler.
     """
     gen_length: int = field(default=None, metadata={"help": "tokens to generate; unset: the model folder's "
                             "generation_defaults.json (sample.py: else 128; eval.py: else d1's 512 for Sudoku / "
@@ -100,6 +108,9 @@ class SamplerOptions:
                                "inside a block (unset: at its first only)"})
     cache_drift: float = field(default=None, metadata={"help": "fast sampler: also rebuild a row's --cache when its "
                              "attention drifts (Elastic-Cache's test: cosine similarity below this, e.g. 0.9)"})
+    cache_window: int = field(default=None, metadata={"help": "fast sampler: a --cache rebuild after the first block "
+                              "recomputes only the positions within this many tokens of the block, the rest reused "
+                              "(unset: the whole sequence; e.g. the block length)"})
     sampler: str = field(default="block", metadata={"help": "block: the block low-confidence sampler above, for "
                          "either family (the paper's evaluation protocol, Appendix C); dream: Dream's own "
                          "diffusion_generate (a Dream model only; its options --alg ... --top-k)", "choices": SAMPLERS})
@@ -203,7 +214,7 @@ def padded_positions(attention_mask):
 
 
 def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache=None, span=None,
-                  attn_rows=None):
+                  attn_rows=None, write=False):
     """Logits (N, V) at the N eligible positions (row-major order), with classifier-free guidance if cfg_scale > 0:
     at each position, the logits that predict its token.
 
@@ -219,6 +230,7 @@ def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, m
     kv_cache, span (cached samplers): an empty list is filled with the keys and values of this forward; with a
     filled one and span = (s, e), only positions s .. e - 1 run (eligible must lie inside them). attn_rows:
     (qs, qe, rows), the model's probe (LLaDA.forward) of the queries at positions qs .. qe - 1 of the sequence.
+    write: the span's keys and values also replace the cached ones (a windowed refresh, SamplerOptions.cache_window).
     """
     raw = getattr(model, "module", model)
     shifted = getattr(raw, "predicts_shifted", False)
@@ -232,6 +244,8 @@ def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, m
         x = torch.cat([x, un_x], dim=0)  # (2B, L)
         attention_mask = None if attention_mask is None else torch.cat([attention_mask, attention_mask], dim=0)
     kw = {} if attn_rows is None else {"attn_rows": (attn_rows[0] - lo, attn_rows[1] - lo, attn_rows[2])}
+    if write:
+        kw["kv_write"] = True
     if shifted:
         kw["position_ids"] = padded_positions(attention_mask)  # (B or 2B, L) or None
     if kv_cache is None:
@@ -420,6 +434,7 @@ def check_cached_args(o, prompt, attention_mask, generator):
     if o.cache_drift is not None and (o.cache is None or not 0 < o.cache_drift <= 1):
         raise ValueError(f"sample.py generate_cached: cache_drift={o.cache_drift!r}; a cosine similarity in (0, 1], "
                          "with a cache")
+    check_sampler_options(o)  # the options' own checks (cache_window ...), where the command lines check them
 
 
 @torch.no_grad()
@@ -433,7 +448,7 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
     refresh_cache_every_step: rebuild the cache at every step (a check: the cache is then exact; no speed-up). The
         tokens are then the exact sampler's as long as every block ends fully unmasked: a position whose candidate
         was the mask token stays masked, and the exact sampler offers it again in the later blocks, while a cached
-        step offers the current block's masks only (tests/test_round4_sample_eval.py shows both cases).
+        step offers the current block's masks only (tests/test_sample_eval_refusals.py shows both cases).
     """
     o = options or SamplerOptions()
     check_cached_args(o, prompt, attention_mask, generator)
@@ -445,30 +460,37 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
 
     num_blocks = o.gen_length // o.block_length
     steps = o.steps // num_blocks  # per block
+    kv_cache = None  # built at the first block's first step; rebuilt (or, cache_window, updated) at a block's first
     for num_block in range(num_blocks):
         block_start = prompt.shape[1] + num_block * o.block_length
         block_end = block_start + o.block_length
         num_transfer_tokens = get_num_transfer_tokens(x[:, block_start:block_end] == mask_id, steps)  # (B, steps)
         # without a cache, generate()'s eligible positions; a cached step sees the current block only
         in_block = positions < block_end if o.cache is None else (positions >= block_start) & (positions < block_end)
-        kv_cache, drifted, tracked, reference = None, None, None, None
+        drifted, tracked, reference = None, None, None
         for i in range(steps if o.threshold is None else o.block_length):
             eligible = (x == mask_id) & in_block  # (B, L), N True in all
             if o.threshold is not None and not eligible.any():
                 break  # parallel decoding: the block is done early
             full = i == 0 or (o.cache_refresh is not None and i % o.cache_refresh == 0)  # this step rebuilds the cache
-            if o.cache is not None and (full or refresh_cache_every_step):
+            windowed = (o.cache is not None and full and o.cache_window is not None and kv_cache is not None
+                        and not refresh_cache_every_step)  # rebuild the window's keys and values only
+            span = None
+            if windowed:
+                span = (max(block_start - o.cache_window, 0),
+                        L if o.cache == "prefix" else min(block_end + o.cache_window, L))
+            elif o.cache is not None and (full or refresh_cache_every_step):
                 kv_cache = []  # a full forward stores every position's keys and values
                 if refresh_cache_every_step:  # fill it now; this step then reads it as a later step does
                     guided_logits(model, x, attention_mask, eligible, prompt_index, o.cfg_scale, mask_id, kv_cache)
             elif drifted is not None and drifted.any():  # the drift test fired for these rows at the last step
                 rebuild_rows(model, x, attention_mask, prompt_index, o.cfg_scale, mask_id, kv_cache, drifted)
             reads_cache = o.cache is not None and (not full or refresh_cache_every_step)
-            span = (block_start, block_end if o.cache == "dual" else L) if reads_cache else None
+            span = (block_start, block_end if o.cache == "dual" else L) if reads_cache else span
             # the drift test watches the block's own queries (for Dream too, whose span starts one position earlier)
             rows = None if o.cache_drift is None else (block_start, block_end, [])
             logits = guided_logits(model, x, attention_mask, eligible, prompt_index, o.cfg_scale, mask_id, kv_cache,
-                                   span, rows)  # (N, V)
+                                   span, rows, write=windowed)  # (N, V)
             if rows is not None:
                 attn = torch.stack(rows[2])[:, :B]  # the conditional rows' attention, (n_layers, B, Lb, L)
                 built = torch.full((B,), full, device=x.device) if drifted is None or full else drifted
@@ -637,7 +659,12 @@ def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, s
     The official trap: called without a generation_config, the official method ignores generation_config.json and
     inherits Hugging Face's legacy defaults from the model config, temperature 1.0 and top_k 50 (so "greedy" calls
     sample). Ours takes exactly what it is given, and its defaults are greedy: those of the real checkpoints'
-    generation_config.json (alg origin, steps 512, eps 1e-3, temperature 0, no top_p / top_k).
+    generation_config.json (alg origin, steps 512, eps 1e-3, temperature 0, no top_p / top_k). The same defaults
+    bite a call that passes temperature=0 but not top_k: the official config is still built by from_model_config,
+    so top_k = 50 stays in force, and since top_k filters the logits before the softmax at every temperature, the
+    confidences (and so the unmasking order of maskgit_plus / topk_margin / entropy) are those of the 50 kept logits;
+    its tokens are ours with top_k=50, not ours with the default top_k=None. Pass top_k=None to the official method
+    for the tokens ours gives by default (tests/test_dream_sample.py shows both on stored cases).
     """
     raw = getattr(model, "module", model)  # under DDP / FSDP the config and head are the wrapped module's
     check_dream_args(raw, prompt, attention_mask, max_new_tokens, steps, eps, alg, alg_temp, temperature, top_p, top_k,
@@ -715,6 +742,9 @@ def check_sampler_options(o, source=None):
     if o.cache_drift is not None and (o.cache is None or not 0 < o.cache_drift <= 1):
         raise ValueError(f"{name('cache_drift')} {o.cache_drift}: a cosine similarity in (0, 1], with --cache prefix "
                          "or dual")
+    if o.cache_window is not None and (o.cache is None or not isinstance(o.cache_window, int) or o.cache_window < 1):
+        raise ValueError(f"{name('cache_window')} {o.cache_window!r}: a whole number of tokens >= 1 (the block "
+                         "length recomputes the block just finished), with --cache prefix or dual")
     if not 0 < o.eps < 1:
         raise ValueError(f"{name('eps')} {o.eps}: the reverse process's last time, in (0, 1) (Dream's default 1e-3)")
     if o.top_p is not None and not 0 < o.top_p <= 1:
@@ -730,6 +760,21 @@ def check_step_count(o, given=True, source=None):
         raise ValueError(f"{where} {o.steps}: more steps than the {o.gen_length} tokens to generate (the gen length); "
                          f"the steps beyond one per token place none and only repeat forward passes: use at most "
                          f"{o.gen_length}")
+
+
+def check_lengths(o, folder=None):
+    """o's lengths (set) against each other and, given the model folder, its context (config.json), checked by both
+    command lines before the weights load, as the sampler would check them after: a ValueError in one line."""
+    from model import LLaDAConfig  # the command lines' own; reads config.json only, not the weights
+    if o.sampler == "block" and o.block_length > o.gen_length:
+        raise ValueError(f"--block-length {o.block_length} is longer than --gen-length {o.gen_length}")
+    if o.sampler == "block" and (o.gen_length % o.block_length or o.steps % (o.gen_length // o.block_length)):
+        raise ValueError(f"--gen-length {o.gen_length} must be a multiple of --block-length {o.block_length}, and "
+                         f"--steps {o.steps} a multiple of the number of blocks {o.gen_length // o.block_length}")
+    context = LLaDAConfig.from_json(Path(folder) / "config.json").max_sequence_length if folder else math.inf
+    if o.gen_length >= context:
+        raise ValueError(f"--gen-length {o.gen_length} leaves no room for a prompt in the model's "
+                         f"max_sequence_length {context} ({Path(folder) / 'config.json'})")
 
 
 def check_sampler_choice(args, o, folder):
@@ -767,6 +812,9 @@ def locate_model(path):
     p = Path(path)
     if (p / "latest").is_file() and not (p / "config.json").is_file():
         named = (p / "latest").read_text().strip()
+        if named and (Path(named).name != named or named in (".", "..")):  # gift.py writes a step-N name only
+            raise FileNotFoundError(f"--model {path}: its `latest` file ({p / 'latest'}) names {named!r}, outside the "
+                                    f"run folder's checkpoints/; give the checkpoint as --model {p}/checkpoints/step-N")
         if not named or not (p / "checkpoints" / named).is_dir():
             there = sorted(c.name for c in (p / "checkpoints").glob("step-*") if c.is_dir())
             raise FileNotFoundError(f"--model {path}: its `latest` file names the checkpoint {named!r}, and "
@@ -813,6 +861,8 @@ def check_adapter(folder, adapter):
     recorded at training time (another model, or the same path retrained)."""
     if not adapter:
         return
+    from model import read_adapter_config
+    read_adapter_config(adapter)  # its fields, and a model folder given as --adapter, before any weight loads
     model_dir, adapter_dir = Path(folder).resolve(), Path(adapter).resolve()
     checkpoint = adapter_dir.parent  # a gift.py checkpoint: step-N/{adapter, merged, trainer.json}
     if model_dir.name == "merged" and model_dir.parent == checkpoint:
@@ -857,18 +907,6 @@ def load_weights(folder, adapter, dtype, device):
         if adapter:
             load_adapter(model, adapter)  # adds LoRA layers (on the model's device) with the adapter's r / alpha
     return model
-
-
-def check_chat_tokens(tokenizer, folder):
-    """The chat format's special tokens in the tokenizer (LLaDA's headers or Dream's ChatML): a tokenizer of
-    another family is refused in one line (the chat template would be spelled out as plain characters)."""
-    from data import BOS, END_HEADER, EOT, IM_END, IM_START, START_HEADER, chat_format
-    needed = (IM_START, IM_END) if chat_format(tokenizer) == "chatml" else (BOS, START_HEADER, END_HEADER, EOT)
-    missing = [t for t in needed if tokenizer.token_to_id(t) is None]
-    if missing:
-        raise ValueError(f"{folder}: its tokenizer has no chat token {', '.join(missing)}: it is neither LLaDA's "
-                         f"nor Dream's (ChatML, {IM_START}), so there is no chat format to wrap the prompt in; "
-                         "complete the text as is with --raw")
 
 
 # -----------------------------------------------------------------------------
@@ -925,6 +963,7 @@ def parse_args(argv=None):
         check_sampler_choice(args, options, args.folder)
         options = model_lengths(options)
         check_step_count(options, given=args.steps is not None)  # the lengths filled in
+        check_lengths(options, args.folder)
         args.adapter = args.adapter or adapter
         check_adapter(args.folder, args.adapter)
     except (FileNotFoundError, ValueError) as e:
@@ -940,16 +979,24 @@ def model_lengths(options):
     return replace(options, gen_length=gen_length, steps=options.steps or gen_length, block_length=block_length)
 
 
-def load_model(args):
-    """The model in eval mode (LoRA dropout off), its adapter loaded, on --device in --dtype; and its tokenizer."""
-    from data import check_mask_token, load_tokenizer
+def load_model(args, options=None):
+    """The model in eval mode (LoRA dropout off), its adapter loaded, on --device in --dtype; and its tokenizer. The
+    tokenizer is checked against config.json (chat tokens, ids within the embedding) and, with `options`, --prompt's
+    length against the context, before the weights load."""
+    from data import chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text, load_tokenizer
+    from model import LLaDAConfig
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
     with loading(args.folder, args.adapter):
         tokenizer = load_tokenizer(args.folder)
+        config = LLaDAConfig.from_json(Path(args.folder) / "config.json")
     if not args.raw:
-        check_chat_tokens(tokenizer, args.folder)
+        check_chat_tokens(tokenizer, args.folder, hint="; complete the text as is with --raw")
+    check_mask_token(tokenizer, config)
+    if options is not None and args.prompt is not None:
+        text = args.prompt if args.raw else chat_prompt([{"role": "user", "content": args.prompt}],
+                                                        chat_format(tokenizer))
+        check_context(len(encode_text(tokenizer, text)), options.gen_length, config.max_sequence_length)
     model = load_weights(args.folder, args.adapter, dtype, args.device).eval()
-    check_mask_token(tokenizer, model.config)
     return model, tokenizer
 
 
@@ -957,18 +1004,26 @@ class ContextFull(ValueError):
     """A prompt that leaves no room for the answer in the model's context (the chat then starts over)."""
 
 
+def check_context(n_prompt, gen_length, context):
+    """ContextFull when a prompt of n_prompt tokens and gen_length answer tokens exceed the model's context."""
+    if n_prompt + gen_length > context:
+        raise ContextFull(f"the prompt of {n_prompt} tokens + --gen-length {gen_length} exceed the model's "
+                          f"max_sequence_length {context}")
+
+
 def main(argv=None):
     args, options = parse_args(argv)
     from data import chat_format, chat_prompt, encode_text
-    model, tokenizer = load_model(args)
+    try:
+        model, tokenizer = load_model(args, options)
+    except ContextFull as e:  # --prompt too long: said before the weights load
+        raise SystemExit(f"sample.py: {e}") from None
     fmt = chat_format(tokenizer)  # LLaDA's template, or ChatML for Dream's tokenizer
     generator = torch.Generator(args.device).manual_seed(args.seed)
 
     def reply(text):
         ids = encode_text(tokenizer, text)  # the chat text carries its own special tokens; nothing is added
-        if len(ids) + options.gen_length > model.config.max_sequence_length:
-            raise ContextFull(f"the prompt of {len(ids)} tokens + --gen-length {options.gen_length} exceed the model's "
-                             f"max_sequence_length {model.config.max_sequence_length}")
+        check_context(len(ids), options.gen_length, model.config.max_sequence_length)
         prompt = torch.tensor([ids], dtype=torch.long, device=args.device)  # (1, P)
         out = generate_with_options(model, prompt, None, options, generator)  # (1, P + gen_length)
         return decode_until_stop(tokenizer, out[0, len(ids):].tolist())

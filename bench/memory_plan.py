@@ -116,7 +116,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
-from gift import CE_CHUNK, MicroBatch, train_step, wrap_model  # noqa: E402
+from gift import CE_CHUNK, MicroBatch, fsdp_shard, train_step, wrap_model  # noqa: E402
 from model import LLaDA, LLaDAConfig  # noqa: E402
 
 GiB, MiB = 2**30, 2**20
@@ -167,7 +167,9 @@ class Setup:
     seq: int  # L
     lora_r: int = 0  # 0: full fine-tuning; else LoRA on q_proj, k_proj, v_proj with this rank (dropout > 0)
     a: int = 2  # activation bytes: 2 = bf16 (bf16 LoRA base or FSDP2's bf16 parameters, autocast), 4 = float32
-    sharding: str = "none"  # none | ddp (LoRA over world GPUs) | fsdp2 (full fine-tuning, sharded over world)
+    sharding: str = "none"  # none | ddp (LoRA over world GPUs) | fsdp2 (sharded over world: full fine-tuning, or
+    # LoRA's frozen base and its adapters, gift.py --parallel fsdp)
+    offload: bool = False  # FSDP2's CPUOffloadPolicy (--cpu-offload): weights, gradients, AdamW states on the host
     world: int = 1
     checkpointing: bool = False
     grad_accum: int = 1  # micro-batches per step: from the second on, the trainable gradients exist in backward
@@ -274,12 +276,29 @@ def plan(s):
                                "8 P_t / W" if fsdp else "8 P_t", 8 * P_tl))
     if s.sharding == "ddp":
         persistent.append(term("DDP gradient buckets (float32)", "4 P_l", 4 * P_t))
+    if s.lora and fsdp:  # the base and the adapters sharded (each keeps its dtype: FSDP2 casts nothing)
+        persistent[0] = term(f"base weights ({'bf16' if a == 2 else 'float32'}, frozen, sharded)", f"{a} P / W",
+                             a * P / W)
+        persistent[1] = term("LoRA adapters (float32, sharded)", "4 P_l / W", 4 * P_tl)
+        persistent[2:] = [term("AdamW states exp_avg, exp_avg_sq (float32, sharded)", "8 P_l / W", 8 * P_tl)
+                          ] if not s.first_step else []
+    host = []
+    if s.offload:  # CPUOffloadPolicy: the shards, their gradients and AdamW's states live on the host
+        if not fsdp:
+            raise ValueError("bench/memory_plan.py: offload is FSDP2's (sharding fsdp2)")
+        host, persistent = persistent + [term("gradients (float32, sharded)", "4 P_t / W", 4 * P_tl)], []
 
     # shared pieces of the moments
     unsharded_root = term("unsharded bf16 root params (wte, ln_f, head; not resharded)", "2 P_root", 2 * P_root)
     unsharded_blocks = term("unsharded bf16 params of 2 blocks (current + prefetched)", "2 x 2 P_b", 4 * P_b)
+    if s.lora:  # LoRA's gathered base is in its own dtype, with the block's float32 adapters
+        unsharded_root = term(f"unsharded root params (wte, ln_f, head; {a} B each; not resharded)", f"{a} P_root",
+                              a * P_root)
+        unsharded_blocks = term("unsharded params of 2 blocks (current + prefetched), adapters included",
+                                f"2 x ({a} P_b + 4 P_l / NL)", 2 * (a * P_b + 4 * P_t / NL))
     grads_held = []
-    if s.grad_accum > 1:  # pass 2 runs the micro-batches one after the other; from the second on, gradients exist
+    # pass 2 runs the micro-batches one after the other; from the second on, gradients exist (offloaded: on the host)
+    if s.grad_accum > 1 and not s.offload:
         grads_held = [term("gradients of the earlier micro-batches (float32" + (", sharded)" if fsdp else ")"),
                            "4 P_t / W" if fsdp else "4 P_t", 4 * P_tl)]
     head_trained = not s.lora
@@ -338,12 +357,17 @@ def plan(s):
         above = NL - 1 - k
         if head_trained and fsdp:
             terms += [term("head gradient (unsharded bf16, reduced at the end)", "2 V D", 2 * V * D),
-                      term(f"sharded gradients of the blocks above ({above})", f"{above} x 4 P_b / W",
-                           above * 4 * P_b / W),
+                      term(f"sharded gradients of the blocks above ({above})" + (" (on the host)" if s.offload
+                                                                                   else ""),
+                           f"{above} x 4 P_b / W", 0 if s.offload else above * 4 * P_b / W),
                       unsharded_blocks,
                       term("block's ff_out gradient (unsharded bf16)", "2 D F", 2 * D * F),
                       term("reduce-scatter input of the block above (float32)", "4 P_b",
                            4 * P_b if above else 0)]
+        elif fsdp:  # LoRA: the gathered blocks; the adapters' gradients are small
+            terms += [unsharded_blocks,
+                      term("adapters' reduce-scatter input of the block above (float32)", "4 P_l / NL",
+                           4 * P_t / NL if above else 0)]
         elif head_trained:
             terms += [term("head gradient (float32)", "4 V D", 4 * V * D),
                       term(f"gradients of the blocks above ({above}) + ff_out's", f"{above} x 4 P_b + 4 D F",
@@ -354,12 +378,13 @@ def plan(s):
     moments[f"3 block backward (block {best[1]})"] = best[2]
 
     # 4. end of backward under FSDP2: the root's reduce-scatter
-    if fsdp:
+    if fsdp and not s.lora:  # (LoRA's root trains nothing)
         moments["4 end of backward (root reduce-scatter)"] = [
             unsharded_root,
             term("root gradients (unsharded bf16)", "2 P_root", 2 * P_root),
             term("root reduce-scatter input (float32)", "4 P_root", 4 * P_root),
-            term("sharded gradients of every block (float32)", "NL x 4 P_b / W", NL * 4 * P_b / W)]
+            term("sharded gradients of every block (float32)" + (" (on the host)" if s.offload else ""),
+                 "NL x 4 P_b / W", 0 if s.offload else NL * 4 * P_b / W)]
 
     # 5. the optimizer step
     m5 = [term("gradients (float32" + (", sharded)" if fsdp else ")"), "4 P_t / W" if fsdp else "4 P_t", 4 * P_tl)]
@@ -371,7 +396,8 @@ def plan(s):
         largest = s.lora_r * D if s.lora else max(V * D, D * F)  # lora_A / lora_B of one linear; wte / head
         m5.append(term("AdamW single-tensor temporaries (2 x the largest parameter)", "2 x 4 max(numel)",
                        2 * 4 * largest))
-    moments["5 optimizer step"] = m5
+    if not s.offload:  # offloaded, AdamW steps on the host
+        moments["5 optimizer step"] = m5
 
     totals = {name: sum(t[2] for t in terms) for name, terms in moments.items()}
     peak = max(totals, key=totals.get)
@@ -384,7 +410,7 @@ def plan(s):
                     term("CUDA context, NCCL, workspaces (assumed)", f"{CUDA_FIXED_GIB:g} GiB", CUDA_FIXED_GIB * GiB)]
         total += sum(t[2] for t in overhead)
     return dict(persistent=persistent, moments=moments, totals=totals, peak=peak, overhead=overhead,
-                tensors=tensors, total=total)
+                tensors=tensors, total=total, host=sum(t[2] for t in host))
 
 
 # -----------------------------------------------------------------------------
@@ -473,6 +499,70 @@ def show(s, capacity_gib=H100_GIB):
 
 
 # -----------------------------------------------------------------------------
+# The table: which flags fit which cards (--table)
+
+CARDS = {"24 GB": 24564 / 1024, "40/48 GB": 40960 / 1024, "80 GB": H100_GIB}  # GiB as nvidia-smi reports: a 4090 /
+# 3090 (24,564 MiB), an A100 40GB (40,960 MiB; a 48 GB A6000 / L40S has more), an H100 80GB
+GPU_COUNTS = (1, 2, 4, 8)
+HEADROOM = 0.10  # a layout fits a card when its plan leaves this share of the card free: the plan's GPU overhead
+# and fragmentation are assumptions, not measurements (a desktop card may also drive a display)
+
+
+def layouts(cfg, lora, world, seq=4096):
+    """gift.py's layouts of one method on `world` GPUs, fastest first: [(flags, Setup)]. LoRA: the paper's recipe
+    (r 128 on q/k/v, batch 1 x seq, accumulation 2); full fine-tuning: batch 1 x seq, accumulation 1. N_a = N_m = T
+    (the bound). FSDP2 without offload on one GPU shards nothing (gift.py wraps nothing there): left out."""
+    base = Setup("", cfg, batch=1, seq=seq, lora_r=128 if lora else 0, a=2, world=world, n_answer=seq, n_masked=seq,
+                 grad_accum=2 if lora else 1)
+    ckpt = "--activation-checkpointing"
+    if lora:
+        rows = [("--lora", replace(base, sharding="ddp" if world > 1 else "none")),
+                (f"--lora {ckpt}", replace(base, sharding="ddp" if world > 1 else "none", checkpointing=True))]
+        if world > 1:
+            rows += [("--lora --parallel fsdp", replace(base, sharding="fsdp2")),
+                     (f"--lora --parallel fsdp {ckpt}", replace(base, sharding="fsdp2", checkpointing=True))]
+        return rows + [(f"--lora --parallel fsdp {ckpt} --cpu-offload",
+                        replace(base, sharding="fsdp2", checkpointing=True, offload=True))]
+    rows = [("(defaults)", replace(base, sharding="fsdp2")),
+            (ckpt, replace(base, sharding="fsdp2", checkpointing=True))]
+    return rows + [(f"{ckpt} --cpu-offload", replace(base, sharding="fsdp2", checkpointing=True, offload=True))]
+
+
+def fitting(cfg, lora, world, capacity_gib, seq=4096):
+    """The first (fastest) layout whose planned per-GPU total fits `capacity_gib` with HEADROOM to spare: (flags,
+    GiB per GPU, host GiB per process), or None."""
+    for flags, s in layouts(cfg, lora, world, seq):
+        p = plan(s)
+        if p["total"] / GiB <= (1 - HEADROOM) * capacity_gib:
+            return flags, p["total"] / GiB, p["host"] / GiB
+    return None
+
+
+def table(seq=4096):
+    """Print, for LLaDA-8B and Dream-v0-7B, LoRA and full fine-tuning, on 1, 2, 4, 8 GPUs, the fastest flags that
+    fit each card, with the planned per-GPU peak (and the host memory per process under --cpu-offload). Returns
+    {(model, method, GPUs, card): fitting(...)}."""
+    print(f"\nWhat fits (gift.py flags besides --model/--data; bf16; sequence length {seq}; LoRA: r 128 on q/k/v, "
+          f"micro-batch 1 x {seq}, accumulation 2; full: micro-batch 1 x {seq}): the fastest layout whose planned peak "
+          f"leaves {HEADROOM:.0%} of the card free, with that peak per GPU (the plan's CUDA overhead and "
+          f"fragmentation included); --cpu-offload also "
+          f"needs the host memory given per process")
+    cells = {}
+    print(f"  {'model, method':24} {'GPUs':>4}  " + "  ".join(f"{card:44}" for card in CARDS))
+    for model, cfg in (("LLaDA-8B", llada_8b()), ("Dream-v0-7B", dream_7b())):
+        for method, lora in (("LoRA", True), ("full", False)):
+            for world in GPU_COUNTS:
+                row = []
+                for card, capacity in CARDS.items():
+                    fit = cells[model, method, world, card] = fitting(cfg, lora, world, capacity, seq)
+                    text = "none" if fit is None else f"{fit[0]} ({fit[1]:.1f} GiB" + (
+                        f"; host {fit[2]:.0f} GiB)" if fit[2] else ")")
+                    row.append(f"{text:44}")
+                print(f"  {model + ', ' + method:24} {world:>4}  " + "  ".join(row))
+    return cells
+
+
+# -----------------------------------------------------------------------------
 # The check: one step of this repo's code in a fresh process, measured, against plan() for the same shapes
 
 # dream_kv_heads: the key/value heads of the Dream configurations (GQA; with q/k/v biases), the others have n_heads
@@ -491,8 +581,12 @@ CHECKS = {  # name: (LoRA, dtype, activation checkpointing, family); lora-bf16 h
     "dream-lora-bf16": (True, "bfloat16", False, "dream"),
     "dream-full-fp32": (False, "float32", False, "dream"),
     "dream-full-fp32-ckpt": (False, "float32", True, "dream"),
+    # LoRA on a base sharded by FSDP2 (gift.py --lora --parallel fsdp), at world 1: one group per block, each
+    # gathered into buffers of its own (the unsharded copies the plan counts), as on W GPUs
+    "lora-fsdp-bf16": (True, "bfloat16", False, "llada"),
 }
-SMOKE_CHECKS = ("lora-bf16", "full-fp32-ckpt", "dream-lora-bf16")
+FSDP_CHECKS = ("lora-fsdp-bf16",)  # these run FSDP2 over a process group of one
+SMOKE_CHECKS = ("lora-bf16", "full-fp32-ckpt", "dream-lora-bf16", "lora-fsdp-bf16")
 PHASES = ("1 entropy pass", "2 loss chunks' backward", "3 block backward", "5 optimizer step")
 
 
@@ -508,7 +602,7 @@ def check_config(shapes, family="llada"):
                        max_sequence_length=max(shapes["seq"], 4096), **(dream if family == "dream" else {}))
 
 
-def build_step(shapes, lora, dtype, checkpointing, family="llada", seed=0):
+def build_step(shapes, lora, dtype, checkpointing, family="llada", seed=0, fsdp=False):
     """Model, AdamW, one micro-batch (half prompt, half answer) and autocast as gift.train_loop builds them. Returns
     (model, optimizer, step), step() = one gift.train_step with the gift loss (its entropy pass included)."""
     cfg = check_config(shapes, family)
@@ -516,6 +610,10 @@ def build_step(shapes, lora, dtype, checkpointing, family="llada", seed=0):
     r = shapes["lora_r"]
     lora_opts = dict(r=r, alpha=2 * r, dropout=0.05, targets=LORA_TARGETS) if lora else None
     model = wrap_model(model, torch.device("cpu"), dtype, 1, lora_opts, checkpointing, seed).train()
+    if fsdp:  # what wrap_model does for --parallel fsdp on W > 1 processes, one group per block
+        if not torch.distributed.is_initialized():
+            torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+        fsdp_shard(model, torch.device("cpu"), None if lora else dtype, one_group_max=0)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
     B, L = shapes["batch"], shapes["seq"]
@@ -544,10 +642,11 @@ def worker(spec):
     torch.set_num_threads(spec["threads"])
     lora, dtype, checkpointing, family = (spec["lora"], getattr(torch, spec["dtype"]), spec["checkpointing"],
                                           spec["family"])
-    warm_model, warm_optimizer, warm_step = build_step(spec["shapes"], lora, dtype, checkpointing, family)
+    fsdp = spec.get("fsdp", False)
+    warm_model, warm_optimizer, warm_step = build_step(spec["shapes"], lora, dtype, checkpointing, family, fsdp=fsdp)
     warm_step()
     del warm_model, warm_optimizer, warm_step
-    model, optimizer, step = build_step(spec["shapes"], lora, dtype, checkpointing, family)
+    model, optimizer, step = build_step(spec["shapes"], lora, dtype, checkpointing, family, fsdp=fsdp)
     peaks = {}
 
     def mark(phase):
@@ -575,7 +674,8 @@ def worker(spec):
 
 def measure(name, shapes, threads):
     lora, dtype, checkpointing, family = CHECKS[name]
-    spec = dict(shapes=shapes, lora=lora, dtype=dtype, checkpointing=checkpointing, family=family, threads=threads)
+    spec = dict(shapes=shapes, lora=lora, dtype=dtype, checkpointing=checkpointing, family=family, threads=threads,
+                fsdp=name in FSDP_CHECKS)
     # every tensor above 64 KiB in its own mapping, unmapped when freed: the RSS follows what is allocated
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "PYTHONWARNINGS": "ignore"}
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
@@ -590,7 +690,8 @@ def predicted(name, shapes, n_answer, n_masked):
     lora, dtype, checkpointing, family = CHECKS[name]
     s = Setup(name, check_config(shapes, family), batch=shapes["batch"], seq=shapes["seq"],
               lora_r=shapes["lora_r"] if lora else 0, a=2 if dtype == "bfloat16" else 4,
-              checkpointing=checkpointing, device="cpu", n_answer=n_answer, n_masked=n_masked, first_step=True)
+              checkpointing=checkpointing, device="cpu", n_answer=n_answer, n_masked=n_masked, first_step=True,
+              sharding="fsdp2" if name in FSDP_CHECKS else "none")
     p = plan(s)
     return {phase: next(v for k, v in p["totals"].items() if k[0] == phase[0]) for phase in PHASES}
 
@@ -637,6 +738,9 @@ def parse_args(argv=None):
     p.add_argument("--smoke", action="store_true",
                    help=f"the tables, and the check of {len(SMOKE_CHECKS)} configurations at tiny shapes, their "
                         "processes at once (seconds; ratios not meaningful)")
+    p.add_argument("--table", action="store_true",
+                   help="only the table of what fits 24, 40/48 and 80 GB cards at 1, 2, 4, 8 GPUs (LLaDA-8B, "
+                        "Dream-v0-7B; LoRA, full fine-tuning)")
     p.add_argument("--configs", default=None,
                    help="comma-separated check configurations (default all): " + ", ".join(CHECKS))
     p.add_argument("--threads", type=int, default=2, help="torch threads in the check's processes")
@@ -654,6 +758,8 @@ def main(argv=None):
     a = parse_args(argv)
     if a.worker:
         return worker(json.loads(a.worker))
+    if a.table:
+        return table()
     counts = param_counts(llada_8b())
     print(f"LLaDA-8B: {counts['total']:,} parameters ({counts['total'] / 1e9:.2f}B); per-GPU predictions for this "
           f"code (no GPU measured), against an H100's {H100_GIB:.1f} GiB")

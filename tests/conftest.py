@@ -1,6 +1,9 @@
+import atexit
 import json
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,10 @@ GOLDEN = REPO / "tests" / "golden"  # golden vectors of the official LLaDA code 
 DATA = REPO / "tests" / "data"  # the grader fixture: d1's generations with d1's verdicts, benchmark cuts (README.md)
 FULL_DATA = os.environ.get("GIFT_DATA")  # the full data folder (d1_generations/, gsm8k_test.jsonl, ...), opt-in
 sys.path.insert(0, str(REPO))  # the top-level files are plain modules, not a package
+# model.file_sha256's on-disk cache (default ~/.cache/gift) in a folder of this session's, set before `model` is
+# imported (it reads the variable then), and inherited by the command lines the tests start: nothing written outside
+os.environ["GIFT_CACHE_DIR"] = tempfile.mkdtemp(prefix="gift-test-cache-")
+atexit.register(shutil.rmtree, os.environ["GIFT_CACHE_DIR"], ignore_errors=True)
 
 
 def shared_path(*parts):
@@ -34,6 +41,42 @@ def shared_path(*parts):
 def pytest_configure(config):
     config.addinivalue_line("markers", "full_data: needs the full benchmark data in the folder $GIFT_DATA names; "
                                        "deselected when GIFT_DATA is unset")
+    config.addinivalue_line("markers", "numerics: float32 numbers compared with numbers computed elsewhere (goldens "
+                                       "of the official code, another code path); .ci/run reruns them under other "
+                                       "CPU kernels (-m numerics)")
+    config.addinivalue_line("markers", "bf16: needs bfloat16 kernels (left out of the forced-kernel reruns, which "
+                                       "lack some)")
+
+
+# -----------------------------------------------------------------------------
+# Tolerances for float32 numbers computed another way (the numerics tests)
+#
+# Two float32 computations of one quantity that differ in summation order (the official code, another CPU's kernels,
+# the head over every position instead of the selected ones) each lie within gamma_n = n u of the exact value per
+# inner product of length n, relative to sum_i |a_i b_i| (Higham, Accuracy and Stability of Numerical Algorithms,
+# 2nd ed., eq. 3.5), u = 2^-24 being float32's unit roundoff. In these small random models sum_i |a_i b_i| is of the
+# order of the output's largest magnitude, and a value passes through one such product per layer (the longest: the
+# model width or the MLP's) plus the head's, so two computations differ by at most
+#     atol = 2 * depth * u * max|x|,  depth = (n_layers + 1) * max(d_model, mlp_hidden_size)  (x2 for gradients).
+# That is a worst case (errors of random sign grow like sqrt(n)): 10-20x what Intel and AMD kernels differ by, and
+# still 100x below what a wrong mask, position, head or weight changes (each numerics test fails on such a bug).
+
+U32 = 2.0 ** -24  # float32's unit roundoff
+
+
+def model_depth(config):
+    """The inner-product length a tiny model's output accumulates: (n_layers + 1) * max(d_model, mlp width)."""
+    return (config.n_layers + 1) * max(config.d_model, config.mlp_hidden_size)
+
+
+def float32_atol(reference, depth):
+    """The absolute tolerance for two float32 computations of `reference` through `depth` accumulated products."""
+    return 2 * depth * U32 * float(reference.detach().abs().max())
+
+
+def assert_float32_close(actual, expected, depth):
+    """actual and expected, float32 computations of one quantity, agree within float32_atol(expected, depth)."""
+    torch.testing.assert_close(actual, expected, rtol=0, atol=float32_atol(expected, depth))
 
 
 def pytest_collection_modifyitems(config, items):

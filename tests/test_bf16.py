@@ -20,6 +20,9 @@ from gift import chunked_cross_entropy, main
 from model import LLaDA, LLaDAConfig, load_adapter, merge_lora
 from on_model import model_entropy_and_nll
 
+pytestmark = pytest.mark.bf16
+
+
 CPU_BF16 = torch.autocast("cpu", dtype=torch.bfloat16)
 
 

@@ -2,10 +2,13 @@
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 import compare_implementations as ci  # noqa: E402
+
+pytestmark = pytest.mark.numerics  # float32 against goldens and other code paths (conftest.py)
 
 
 def setup(micro):

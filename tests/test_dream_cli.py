@@ -99,6 +99,7 @@ class ShiftedByHand(torch.nn.Module):
 # The block sampler on Dream: the shift, the cached spans, left padding
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left_padded"])
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_generate_equals_the_official_sampler_on_logits_shifted_by_hand(name, padded, one_thread):
@@ -121,6 +122,7 @@ def test_generate_equals_the_official_sampler_on_logits_shifted_by_hand(name, pa
 @pytest.mark.parametrize("kw", [dict(steps=16, block_length=4), dict(steps=8, block_length=8),
                                 dict(steps=8, block_length=4, cfg_scale=1.5),
                                 dict(steps=8, block_length=4, temperature=0.7)], ids=["b4", "b8", "cfg", "temp"])
+@pytest.mark.numerics
 def test_a_cache_refreshed_every_step_gives_the_exact_tokens(cache, kw, one_thread):
     """A cache rebuilt at every step holds exact keys and values, so each span forward (one position earlier than
     the block for Dream: the state predicting the block's first token) gives the exact sampler's states: the tokens
@@ -150,6 +152,7 @@ def test_a_span_runs_from_the_position_before_the_block(cache, one_thread):
     assert lengths == [L, span[0], span[0], span[0], L, span[1], span[1], span[1]]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_the_drift_test_sees_the_blocks_queries(monkeypatch, cache, one_thread):
     """With a cache rebuilt at every step, the attention rows the drift test gets from a span forward (which starts
@@ -176,6 +179,7 @@ def test_the_drift_test_sees_the_blocks_queries(monkeypatch, cache, one_thread):
     assert checked == [9] * 4 + [13] * 4  # every step of both blocks, at the block's first position
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
 def test_a_row_the_drift_test_flags_is_rebuilt_and_sees_the_exact_tokens(monkeypatch, cache, one_thread):
     """Dream's rebuilt row (a full forward of that row alone, with its own positions) is exact: with the drift test
@@ -195,6 +199,7 @@ def test_a_row_the_drift_test_flags_is_rebuilt_and_sees_the_exact_tokens(monkeyp
 
 @pytest.mark.parametrize("options", [dict(), dict(cfg_scale=1.5), dict(cache="dual"), dict(cache="prefix",
                                      threshold=0.3)], ids=["exact", "cfg", "dual", "prefix_threshold"])
+@pytest.mark.numerics
 def test_left_padded_prompts_give_the_unpadded_tokens(options, one_thread):
     """A left-padded Dream batch gives each prompt's tokens alone (float64): the pads are invisible and the
     sampler passes Dream's official positions, cumsum(mask) - 1, so the real tokens sit where they sit unpadded."""

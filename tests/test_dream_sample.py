@@ -14,6 +14,9 @@ from model import from_pretrained
 from sample import (diffusion_generate, dream_confidence, dream_num_transfer, sample_tokens, top_k_logits,
                     top_p_logits)
 
+pytestmark = pytest.mark.numerics  # float32 against goldens and other code paths (conftest.py)
+
+
 DREAM = GOLDEN / "dream"
 CASES = json.loads((DREAM / "generate.json").read_text())["cases"]
 MODELS = {}
@@ -93,6 +96,23 @@ def test_legacy_defaults_trap():
     sampled = diffusion_generate(dream("tied"), ids, mask, max_new_tokens=8, steps=8, alg="maskgit_plus",
                                  temperature=1.0, top_k=50, generator=torch.Generator().manual_seed(trap["seed"]))
     assert sampled.tolist() == trap["sequences"]
+
+
+@pytest.mark.parametrize("checkpoint, name, prompt", [("gqa", "entropy.greedy.steps8", "batch2_leftpad"),
+                                                      ("tied", "entropy.greedy.steps3", "batch2_leftpad")])
+def test_legacy_top_k_applies_at_temperature_zero_too(checkpoint, name, prompt):
+    """The official method called with temperature=0 but no top_k keeps from_model_config's legacy top_k = 50, and
+    top_k filters the logits before the softmax at every temperature: the argmax tokens are the same, but the
+    confidences (here the entropy) are those of the 50 kept logits, so the unmasking order and the tokens can differ.
+    The stored greedy case passed top_k=None: ours gives its tokens with top_k=None (our default), and other tokens
+    with top_k=50, the value such a call has in force."""
+    case = find(checkpoint, name, prompt)
+    c = case["config_in_force"]
+    assert c["temperature"] == 0.0 and c["top_k"] is None and dream(checkpoint).config.vocab_size > 50
+    kw = dict(max_new_tokens=c["max_new_tokens"], steps=c["steps"], eps=c["eps"], alg=c["alg"])
+    ids, mask = torch.tensor(case["input_ids"]), torch.tensor(case["attention_mask"])
+    assert diffusion_generate(dream(checkpoint), ids, mask, **kw).tolist() == case["sequences"]
+    assert diffusion_generate(dream(checkpoint), ids, mask, top_k=50, **kw).tolist() != case["sequences"]
 
 
 # -----------------------------------------------------------------------------

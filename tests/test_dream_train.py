@@ -53,6 +53,7 @@ def dream_base(base, tmp_path_factory):
 # Part I on Dream: the shift is where the model runs
 
 
+@pytest.mark.numerics
 def test_part_one_on_shifted_hidden_states_equals_dllms_dream_loss():
     """dllm's Dream SFT loss (tests/golden/README.md: right-shifted logits, weights 1/(t + 1e-6) or CART, the sum
     over masked answer tokens, padded EOS included, divided by the batch's non-prompt tokens), on dllm's own batch,
@@ -79,6 +80,7 @@ def test_part_one_on_shifted_hidden_states_equals_dllms_dream_loss():
         assert abs(float(wrong) - float(loss)) > 1e-3 * float(loss)  # the shift matters here
 
 
+@pytest.mark.numerics
 def test_the_hidden_state_at_i_is_the_one_that_predicts_token_i():
     """gift.predicting_hidden: the head on it equals the official logits moved one right (Dream), and equals the
     plain logits for LLaDA; the first answer token is read from the last prompt position."""
@@ -94,6 +96,7 @@ def test_the_hidden_state_at_i_is_the_one_that_predicts_token_i():
         assert torch.equal(llada.head(gift.predicting_hidden(llada, ids)), llada(ids))
 
 
+@pytest.mark.numerics
 def test_dream_betas_come_from_the_shifted_logits():
     """Algorithm 1 on Dream: beta_i = sqrt(H) of the softmax that predicts token i, i.e. of the official logits at
     i - 1 on the fully masked answer; the unshifted entropies differ (dropping the shift fails this test)."""

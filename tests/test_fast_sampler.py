@@ -12,6 +12,8 @@ import sample
 from model import apply_rope, rope_cos_sin
 from sample import SamplerOptions, generate, generate_cached
 
+pytestmark = pytest.mark.numerics  # float32 against goldens and other code paths (conftest.py)
+
 
 def float64_model(seed=0):
     """A model that never proposes the mask token, in float64: a different summation order cannot flip a token."""

@@ -18,6 +18,9 @@ from gift import (LOSSES, chunked_cross_entropy, dream_weights, first_pass_betas
 from on_model import model_betas, model_entropy_and_nll, model_loss, model_objective
 from model import LLaDA, add_lora, lora_layers
 
+pytestmark = pytest.mark.numerics  # float32 against goldens and other code paths (conftest.py)
+
+
 f64 = torch.float64
 
 

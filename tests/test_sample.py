@@ -12,6 +12,9 @@ from model import LLaDA, LLaDAConfig
 from official_sampler import official_generate, official_get_num_transfer_tokens  # the oracle, beside this file
 from sample import generate, get_num_transfer_tokens, transfer_index
 
+pytestmark = pytest.mark.numerics  # float32 against goldens and other code paths (conftest.py)
+
+
 V, MASK, EOS = 48, 47, 46
 
 
@@ -128,7 +131,7 @@ def test_num_transfer_tokens_schedule():
         assert torch.equal(ours.sum(1), mask.sum(1))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.bf16)])
 def test_transfer_index_breaks_ties_like_per_row_topk(dtype):
     """Confidences with many ties (bf16 softmax values tie often) and -inf: with one k for all rows (always the
     case inside generate) the chosen sets are exactly those of the official per-row torch.topk calls. On the CPU

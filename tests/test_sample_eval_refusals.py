@@ -1,4 +1,4 @@
-"""Reliability round 4 (issue 31), sample.py and eval.py: each case fails on the code before the fix (5a56b69).
+"""sample.py and eval.py refuse what they cannot run correctly, before the slow work.
 
 Refusals are tables, one test per row: (name, call, fragments); call(tmp) makes the command line (or the function)
 refuse, and every fragment (with {tmp} the test's folder) must be in its one-line message."""

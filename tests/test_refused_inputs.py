@@ -1,4 +1,4 @@
-"""Issue 31 (reliability round 4): model inputs and data files that used to hang, run out of memory or fail far from
+"""Model inputs and data files that could hang, run out of memory or fail far from
 their cause are refused at once, in one line naming the file and the field or line.
 
 As tests/test_inputs.py: one table, one test per row, (name, setup, exception type, fragments); setup(tmp) writes a

@@ -1,6 +1,6 @@
-"""Reliability round 4, the training side (issue 31): no code runs from a checkpoint, ranks on different inputs,
+"""A run's safety: no code runs from a checkpoint, ranks on different inputs,
 what a checkpoint exports, signals and status.json, resume naming the file that changed, rotation of a read-only
-checkpoint, a user's folder under checkpoints/. Each test names its case; on the code before the fix each fails."""
+checkpoint, a user's folder under checkpoints/. Each test names its case."""
 
 import contextlib
 import json
