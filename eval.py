@@ -770,9 +770,8 @@ def adapter_fingerprint(folder):
 def read_records(path, settings):
     """The graded records already in `path` (JSON lines), after a check that they were made with `settings`. A torn
     last line (a kill in mid-write) is cut off the file. {(seed, index): record}.
-    The weights' fingerprints (FINGERPRINTS) must match too: the same model path retrained gives other generations.
-    A record written before they were recorded (no such field) is accepted, the paths and the data's hash alone
-    checked, as then."""
+    The weights' fingerprints (FINGERPRINTS) must match too, where both the record and `settings` have one (the
+    adapter's: with an adapter): the same model path retrained gives other generations."""
     if not path.exists():
         return {}
     records, good_bytes = {}, 0
@@ -1037,7 +1036,7 @@ def run_settings(args, dtype):
                     shots=args.shots, shot_data=args.shot_data and os.path.abspath(args.shot_data),
                     prompt_style=args.prompt_style, temperature=o.temperature, cache=o.cache,
                     threshold=o.threshold, dtype=str(dtype).replace("torch.", ""))
-    # settings of their own only when used: files of earlier runs keep resuming
+    # settings that only some runs use, recorded only when set: a record names the options its run used
     extra = dict(cache_refresh=o.cache_refresh, cache_drift=o.cache_drift, cache_window=o.cache_window,
                  cfg_scale=o.cfg_scale,
                  remasking=None if o.remasking == "low_confidence" else o.remasking)

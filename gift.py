@@ -10,9 +10,13 @@ The file reads in three parts:
             `ff_out` head).
   Part II   Training: the options (`python gift.py --help`), the model on its devices, GIFT's passes besides the loss
             (the entropy pass on the model, GIFT*'s frozen betas, betas reused for K epochs), one optimizer step
-            (`train_step`), the loop (`train`). Read top to bottom, it never sends you to Part III.
+            (`train_step`), the loop (`train`). The loop's bookkeeping is calls into Part III whose names say what
+            they do, as torchtitan's trainer calls its checkpointer: `banner` (the run's first lines), a
+            `CheckpointManager` (`restore` once, `step_done` after each step, `final`), the `TrainState` it restores
+            (`advance` counts a step) and a `MetricsLog` (`add`). Read them in Part III only to see how.
   Part III  Long-job machinery, not needed to understand GIFT: fingerprints, the output folder's lock, preemption,
-            status.json, checkpoints (`CheckpointManager`), the metrics log; then `main()`.
+            status.json, checkpoints (`TrainState`, `CheckpointManager`), the metrics log (`MetricsLog`), `banner`;
+            then `main()`.
 
 Every objective in the paper is ONE estimator of the weighted loss of Theorem 1 (eq. 10):
 
@@ -29,7 +33,7 @@ answer positions times a per-token weight w_i. The objectives differ only in how
     gift-elbo  t_i as in gift                           r_i (1 - p)^(r_i - 1) / t_i    answer  Thm 1 + Jacobian
     gift-sw    p                                        H_i^0.5 / p                    answer  ablation, eq. (15)
     nll        t_i with beta_i = -log p(x0^i)           1 / t_i                        masked  ablation, eq. (13)
-    dream      p                                        w_dream_i / p                  answer  ablation, eq. (16)
+    cart       p                                        w_cart_i / p                   answer  ablation, eq. (16)
     gift-star  t_i with the INITIAL model's betas       1 / t_i                        masked  Appendix "GIFT*"
 
 The paper's estimator is not the ELBO. Appendix A changes variables from t to t_i and ends with
@@ -53,7 +57,7 @@ from torch.utils.checkpoint import checkpoint
 
 EPS = 1e-3  # LLaDA's t -> p = (1 - eps) t + eps, keeps 1/p finite
 BETA_POWER = 0.5  # beta_i = H_i^0.5 (eq. 12); 1.0 is the raw-entropy ablation
-DREAM_P = 0.3  # the paper's choice for Dream's geometric kernel (ablation, below eq. 16)
+CART_P = 0.3  # the paper's choice for the geometric kernel of Dream's CART weights (ablation, below eq. 16)
 # answer positions whose full-vocabulary logits exist at one time: 256 x 126464 x 4 B = 128 MB per (c, V) tensor,
 # and a chunk holds a few of them at once (bench/memory.py: a quarter of the naive step's memory needs <= 256)
 CE_CHUNK = 256
@@ -135,8 +139,8 @@ def gift_elbo_jacobian(t, beta, answer_mask, eps=EPS):
     return torch.where(answer_mask, jac, 0.0)
 
 
-def dream_weights(unmasked, p=DREAM_P):
-    """Dream's context-adaptive weight (ablation, eq. 16): w_i = 1/2 sum_j 1[x_t^j != M] Geo(p, |i - j| - 1),
+def cart_weights(unmasked, p=CART_P):
+    """Dream's context-adaptive reweighting, CART (ablation, eq. 16): w_i = 1/2 sum_j 1[x_t^j != M] Geo(p, |i - j| - 1),
     Geo(p, k) = p (1 - p)^k. A masked token next to many clean tokens is easier and gets a larger weight.
     Clean j includes the prompt. unmasked (B, L) bool -> (B, L)."""
     L = unmasked.shape[1]
@@ -221,11 +225,11 @@ def gift_sw_objective(t, u, beta, answer_mask, eps):
     return p, importance_weights(p, answer_mask) * beta
 
 
-def dream_objective(t, u, beta, answer_mask, eps):
-    """eq. (16), Dream's context-adaptive weights: SFT's masking, w_i = w_dream_i / p, w_dream from the tokens left
-    clean by this very mask (the prompt included)."""
+def cart_objective(t, u, beta, answer_mask, eps):
+    """eq. (16), Dream's context-adaptive weights (CART): SFT's masking, w_i = w_cart_i / p, w_cart from the tokens
+    left clean by this very mask (the prompt included)."""
     p = sft_mask_probs(t, answer_mask, eps)
-    return p, importance_weights(p, answer_mask) * dream_weights(~(u < p))
+    return p, importance_weights(p, answer_mask) * cart_weights(~(u < p))
 
 
 # name -> (p_i and w_i, where the betas come from, the default normalisation). Betas: "entropy" = H_i^beta_power
@@ -236,7 +240,7 @@ OBJECTIVES = {
     "gift-elbo": (gift_elbo_objective, "entropy", "answer"),
     "gift-sw": (gift_sw_objective, "entropy", "answer"),
     "nll": (gift_objective, "nll", "masked"),
-    "dream": (dream_objective, None, "answer"),
+    "cart": (cart_objective, None, "answer"),
     "gift-star": (gift_objective, "initial", "masked"),
 }
 LOSSES = tuple(OBJECTIVES)
@@ -248,7 +252,7 @@ def objective_batch(loss_name, input_ids, answer_mask, generator, mask_id, beta=
     sequence and the weights. Returns noisy_ids, weight (B, L) for diffusion_loss; the objective's default
     normalisation is DEFAULT_NORM[loss_name].
     beta (B, L): the betas of an objective that uses them (OBJECTIVES' second column; e.g. entropy_betas of
-    answer_entropy_and_nll), None for sft and dream. Random draws, in order: t (B,), then one uniform per position;
+    answer_entropy_and_nll), None for sft and cart. Random draws, in order: t (B,), then one uniform per position;
     an objective whose p_i equals SFT's therefore masks exactly as SFT for the same generator state. Float32."""
     objective, betas_from, _ = OBJECTIVES[loss_name]
     if (beta is None) != (betas_from is None):
@@ -341,6 +345,7 @@ from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, add_lora, atomic_wri
                    parse_dataclass_flags, setup_distributed, stored_dtype, tensors_fingerprint)
 
 DTYPES = ("auto", "bfloat16", "float32")
+LOSS_ALIASES = {"dream": "cart"}  # the paper's name for eq. (16)'s ablation (Dream's CART weights), read as cart
 
 
 @dataclass
@@ -352,8 +357,8 @@ class TrainOptions:
     data_format: str = field(default="auto", metadata={"help": "the JSONL's layout (auto: from the first row)",
                                                        "choices": ("auto",) + FORMATS})
     out: str = field(default="runs/default", metadata={"help": "output folder: checkpoints, metrics.jsonl"})
-    loss: str = field(default="gift", metadata={"help": "objective (the table in gift.py's docstring)",
-                                                "choices": LOSSES})
+    loss: str = field(default="gift", metadata={"help": "objective (the table in gift.py's docstring; dream: the "
+                                                "paper's name for cart)", "choices": LOSSES + tuple(LOSS_ALIASES)})
     norm: str = field(default="", metadata={"help": "loss normalisation; empty = the objective's default",
                                             "choices": ("", "answer", "masked")})
     beta_power: float = field(default=0.5, metadata={"help": "beta_i = H_i^power (0.5 = paper; 1.0 = raw entropy)"})
@@ -414,7 +419,7 @@ class TrainOptions:
 
 # The embedded default: sizes and settings for a tiny model trained from scratch on the 2-core CPU in about 4 minutes.
 # They apply only when --model is empty, and only to options not given on the command line. Chosen by a sweep over
-# seeds (experiments/tune_embedded.py; the README gives the runs): lr 2e-3 or batch 32 learned in some seeds and stayed
+# seeds (experiments/embedded_sweep/, whose README gives the runs): lr 2e-3 or batch 32 learned in some seeds and stayed
 # on a plateau in others, weight decay and wider or deeper models learned later; lr 1e-3, batch 64, 1,500 steps reached
 # 94-100% held-out cells in every seed tried. Its puzzles and generation settings are data.py's EMBEDDED_*.
 EMBEDDED = dict(out="runs/sudoku-tiny", loss="gift", epochs=5, grad_accum=1, lr=1e-3,
@@ -428,6 +433,8 @@ def parse_options(argv=None):
     parser = argparse.ArgumentParser(description="GIFT / SFT fine-tuning of LLaDA or Dream (arXiv 2509.20863; see "
                                                  "README.md)")
     given = parse_dataclass_flags(parser, TrainOptions, argv)
+    if "loss" in given:
+        given["loss"] = LOSS_ALIASES.get(given["loss"], given["loss"])
     opts = TrainOptions(**given)
     if not opts.model:
         for k, v in EMBEDDED.items():
@@ -801,7 +808,7 @@ class MicroBatch:
     stale: torch.Tensor = None  # (B,) bool, BetaCache: rows whose betas the first pass must recompute
     noisy_ids: torch.Tensor = None  # (B, L) input_ids with the masked positions set to the mask token
     weight: torch.Tensor = None  # (B, L) w_i
-    beta: torch.Tensor = None  # (B, L) the betas used (None for sft and dream)
+    beta: torch.Tensor = None  # (B, L) the betas used (None for sft and cart)
 
 
 def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, beta_power=BETA_POWER, grad_clip=1.0,
@@ -1932,15 +1939,14 @@ def check_resumable(ckpt, opts, world, inputs):
 
     def resolve(name, value, resolved):  # "auto" stands for what it resolved to (dtype auto = float32 on the CPU)
         return resolved.get(name, value) if value == "auto" else value
-    # an option newer than the checkpoint had its default value then
-    saved = {**dataclasses.asdict(TrainOptions()), **saved}
+    saved = dict(saved, loss=LOSS_ALIASES.get(saved["loss"], saved["loss"]))  # a run saved as --loss dream is cart
     differ = {k: (saved.get(k), v) for k, v in dataclasses.asdict(opts).items() if k not in RESUMABLE_CHANGES
               and resolve(k, saved.get(k), then_resolved) != resolve(k, v, now_resolved)}
     if differ:
         raise ValueError(f"--resume: {ckpt} was written with different options (saved, now): {differ}")
     then = meta["fingerprints"]
     base = opts.model or "the embedded task"
-    if "files" in then and "files" in fingerprints:  # file by file (older checkpoints: the whole folder's fingerprint)
+    if "files" in then and "files" in fingerprints:  # file by file (the embedded task: the whole model's fingerprint)
         changed = [f"{name} (fingerprint {then['files'].get(name)} then, {fingerprints['files'].get(name)} now)"
                    for name in sorted(then["files"].keys() | fingerprints["files"].keys())
                    if then["files"].get(name) != fingerprints["files"].get(name)]
@@ -2089,8 +2095,11 @@ def log(metrics, record):
            f"{r['lr']:.2e} | grad norm {num(r['grad_norm'], '.3g')} | masked {num(r['masked_fraction'], '.0%')}{beta}"
            f"{skipped} | {r['tokens_per_s']:,.0f} tokens/s | {hms(r['elapsed_s'])} elapsed, ETA {hms(r['eta_s'])}")
     if metrics:
-        metrics.write(json.dumps(record, allow_nan=False) + "\n")
-        metrics.flush()
+        try:
+            metrics.write(json.dumps(record, allow_nan=False) + "\n")
+            metrics.flush()
+        except OSError as e:  # e.g. a full disk: say which file
+            raise OSError(e.errno, f"{metrics.name}: {e.strerror or e}") from None
 
 
 def hms(seconds):

@@ -466,9 +466,8 @@ class LLaDA(nn.Module):
         L_all = L if kv_cache is None or fill else kv_cache[0][0][0].shape[2]
         cos, sin = rope_cos_sin(L_all, self.config.head_dim, self.config.rope_theta, x.device, position_ids)
         # one complex tensor, (L, hd) (or (B, 1, L, hd)) for this span's positions: FSDP2's mixed precision casts a
-        # block's floating-point inputs to bf16 (RoPE is float32 here, as in the official code), and torch < 2.13 does
-        # not cast them when activation checkpointing recomputes the block, a dtype mismatch that stops backward;
-        # complex is not cast
+        # block's floating-point inputs to bf16, which would round the cos and sin tables that the official code keeps
+        # in float32; a complex tensor is not cast
         rope = torch.complex(cos, sin)[..., start:start + L, :]
         key_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
@@ -1215,6 +1214,7 @@ def run_command_line(main, name, rank0_only=False, errors=(ValueError, OSError))
     except KeyboardInterrupt as e:  # Ctrl-C: one line, and the shell's status for SIGINT
         print(f"{name}: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         sys.exit(130)
+
 
 def parse_dataclass_flags(parser, cls, argv=None):
     """One flag per field of the dataclass `cls` (--name-with-dashes, typed, its help and choices from the field's

@@ -489,8 +489,9 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
             span = (block_start, block_end if o.cache == "dual" else L) if reads_cache else span
             # the drift test watches the block's own queries (for Dream too, whose span starts one position earlier)
             rows = None if o.cache_drift is None else (block_start, block_end, [])
+            # (write= only when windowed: the call is otherwise the one it always was)
             logits = guided_logits(model, x, attention_mask, eligible, prompt_index, o.cfg_scale, mask_id, kv_cache,
-                                   span, rows, write=windowed)  # (N, V)
+                                   span, rows, **({"write": True} if windowed else {}))  # (N, V)
             if rows is not None:
                 attn = torch.stack(rows[2])[:, :B]  # the conditional rows' attention, (n_layers, B, Lb, L)
                 built = torch.full((B,), full, device=x.device) if drifted is None or full else drifted
@@ -995,7 +996,10 @@ def load_model(args, options=None):
     if options is not None and args.prompt is not None:
         text = args.prompt if args.raw else chat_prompt([{"role": "user", "content": args.prompt}],
                                                         chat_format(tokenizer))
-        check_context(len(encode_text(tokenizer, text)), options.gen_length, config.max_sequence_length)
+        try:  # the prompt's own line, as main() says it after the model loads
+            check_context(len(encode_text(tokenizer, text)), options.gen_length, config.max_sequence_length)
+        except ValueError as e:
+            raise SystemExit(f"sample.py: {e}") from None
     model = load_weights(args.folder, args.adapter, dtype, args.device).eval()
     return model, tokenizer
 

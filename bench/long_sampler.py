@@ -56,6 +56,10 @@ SETTINGS = [
     ("dual, window 32, threshold 0.9", dict(cache="dual", cache_window=32, threshold=0.9)),
     ("dual, window 32, threshold 0.99", dict(cache="dual", cache_window=32, threshold=0.99)),
     ("prefix, window 32, threshold 0.9", dict(cache="prefix", cache_window=32, threshold=0.9)),
+    ("dual, refresh 1, window 32", dict(cache="dual", cache_refresh=1, cache_window=32)),
+    ("dual, refresh 1, window 32, threshold 0.99", dict(cache="dual", cache_refresh=1, cache_window=32, threshold=0.99)),
+    ("dual, refresh 2, window 32, threshold 0.995", dict(cache="dual", cache_refresh=2, cache_window=32,
+                                                         threshold=0.995)),
 ]
 SMOKE = dict(lengths=(64, 128), items=4, settings=("exact", "dual", "dual, window 32", "dual, window 32, threshold 0.9"))
 # --gpu: LLaDA-8B's widths (all 32 layers), the rows it times, and the exact sampler's batch sweep
@@ -134,7 +138,7 @@ def run_table(a):
         from data import load_tokenizer
         model = LLaDA.from_pretrained(a.model).eval()
         tokenizer = load_tokenizer(a.model)
-        lengths, names = a.lengths, [n for n, _ in SETTINGS]
+        lengths, names = a.lengths, ["exact"] + [n for n, _ in SETTINGS if n in a.settings and n != "exact"]
         counts = {n: a.items or ITEMS.get(n, 25) for n in lengths}
     heldout = longform.items("heldout")
     print(f"long answers: {a.model if not a.smoke else 'a random tiny model (--smoke)'}; block {BLOCK}, steps = "
@@ -152,7 +156,7 @@ def run_table(a):
     print(md)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tag = "smoke" if a.smoke else "cpu"
+    tag = "smoke" if a.smoke else a.tag
     (out / f"long_sampler-{tag}.md").write_text(md)
     (out / f"long_sampler-{tag}.json").write_text(json.dumps(dict(header=header, rows=rows), indent=1) + "\n")
     return rows
@@ -178,12 +182,13 @@ def build_gpu_model(shapes, device, dtype):
     with torch.device("meta"):
         model = LLaDA(LLaDAConfig(**shapes, max_sequence_length=4096))
     model = model.to_empty(device=device)
+    generator = torch.Generator(device).manual_seed(0)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:
-                p.fill_(1.0)
+                p.fill_(1.0)  # the norms' weights
             else:
-                p.normal_(0.0, 0.02, generator=torch.Generator(device).manual_seed(0))
+                p.normal_(0.0, 0.02, generator=generator)
     return model.to(dtype).eval()
 
 
@@ -253,10 +258,17 @@ def parse_args(argv=None):
     p.add_argument("--batch", type=int, default=25, help="items per sampler call")
     p.add_argument("--out-dir", default=str(REPO / "bench" / "results"), help="where the .md and .json go")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, seconds")
+    p.add_argument("--settings", default=None, help="the rows to run, names joined by ';' (default: all; exact "
+                                                   "always runs first, the speed-ups' reference)")
+    p.add_argument("--tag", default="cpu", help="the results' file name: long_sampler-<tag>.md / .json")
     p.add_argument("--gpu", action="store_true", help="LLaDA-8B widths with random weights on one GPU: tokens/s")
     p.add_argument("--gpu-blocks", type=int, default=2, help="--gpu: blocks timed per generation")
     a = p.parse_args(argv)
     a.lengths = tuple(int(x) for x in a.lengths.split(","))
+    a.settings = [n for n, _ in SETTINGS] if a.settings is None else [n.strip() for n in a.settings.split(";")]
+    unknown = set(a.settings) - {n for n, _ in SETTINGS}
+    if unknown:
+        p.error(f"--settings: unknown {sorted(unknown)}; the rows are {[n for n, _ in SETTINGS]}")
     if any(n % BLOCK or n < BLOCK for n in a.lengths):
         p.error(f"--lengths {a.lengths}: each a multiple of the block length {BLOCK}")
     return a

@@ -5,13 +5,16 @@ The question names the digits and a line count, "rotate 381940, 7 lines"; the an
 rotated left by k: "01: 819403", "02: 194038", ..., 11 characters a line with its newline, then <|eot_id|>. Each line
 is the line before it shifted by one place (and its number + 1), so the natural way to write it, and the one this
 model learnt, copies from the line above: the answer is a chain of dependencies through ~20 lines, as a reasoning
-trace is; a sampler that fills a block in parallel or reads a stale cache breaks the chain, and the lines after it.
+trace is, and it is graded as one, step by step (grade: each line against the line written above it), so a sampler
+that fills a block in parallel or reads a stale cache and breaks a link loses that line. Whole answers right are
+counted too (this model often miscopies the question's digits into line 1, so they are rare).
 The line count in the question says where the answer ends (an <|eot_id|> after line n).
 2,100 distinct digit strings, each with a line count; the first 100 are held out (in no training row).
 
 The model (0.17M parameters, d_model 64, 3 layers, float32, 0.7 MB) is committed in experiments/longform/model;
 bench/long_sampler.py reads it. It was trained by gift.py (SFT loss, full fine-tuning, one process, answers padded with
-EOS to 320 tokens) in three stages, what `python experiments/longform.py` reruns (~35 minutes on 2 busy cores):
+EOS to 320 tokens) in three stages, what `python experiments/longform.py` reruns (43 minutes here on 2 busy cores:
+29 + 5 + 9):
   1. a random tiny LLaDA, 800 steps on a first, harder trace (Fibonacci mod 10: "01: 3+7=0", "02: 7+0=7", ...,
      fib_trace), which within that budget learnt the line layout and numbering but not the sum;
   2. 300 more steps on it (the step-300 checkpoint of a 600-step cosine run);
@@ -94,12 +97,16 @@ def fib_rows():
 
 
 def grade(text, s, n):
-    """(lines right, n, whole answer right): a line is right when it is the reference's line at its place; the whole
-    answer when the text (up to the turn end) is the reference exactly, nothing missing, nothing after it."""
-    reference = trace(s, n).split("\n")
-    got = text.strip().split("\n")
-    right = sum(g == r for g, r in zip(got, reference))
-    return right, n, text.strip() == "\n".join(reference)
+    """(steps right, n, whole answer right), graded as a trace is, step by step: line k is right when it is "kk: "
+    and the digits of the line written above it (line 1: the question's) rotated left by one, so a slip costs its
+    own line, not every line after it; lines past n or missing are wrong. The whole answer is right when the text
+    (up to the turn end) is the reference exactly, nothing missing, nothing after it."""
+    got = text.strip().split("\n")[:n]
+    right, above = 0, s
+    for k, line in enumerate(got, start=1):
+        right += line == f"{k:02d}: {above[1:] + above[:1]}"
+        above = line.partition(": ")[2]
+    return right, n, text.strip() == trace(s, n)
 
 
 def items(split):
@@ -139,9 +146,9 @@ def evaluate(model, tokenizer, heldout, options, batch_size=32):
 
 
 def accuracy(records):
-    """Line accuracy in % (lines right / lines) with its 95% interval from the items' spread (the lines of one answer
-    are not independent: an error breaks the lines after it, so the interval is over items, a t interval of the
-    ratio estimator), and whole answers right in %."""
+    """Step accuracy in % (lines right / lines, grade) with its 95% interval from the items' spread (the lines of one
+    answer are not independent, so the interval is over items: the ratio estimator's normal interval), and whole
+    answers right in %."""
     r = [x["lines"] for x in records]
     n = [x["n"] for x in records]
     k, mean_n = len(r), sum(n) / len(n)

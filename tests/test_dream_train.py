@@ -58,7 +58,7 @@ def test_part_one_on_shifted_hidden_states_equals_dllms_dream_loss():
     """dllm's Dream SFT loss (tests/golden/README.md: right-shifted logits, weights 1/(t + 1e-6) or CART, the sum
     over masked answer tokens, padded EOS included, divided by the batch's non-prompt tokens), on dllm's own batch,
     mask and model call (the 2-D attention mask), equals Part I's diffusion_loss on the shifted hidden states given
-    dllm's weights and denominator; and Part I's dream_weights are dllm's CART weights."""
+    dllm's weights and denominator; and Part I's cart_weights are dllm's CART weights."""
     g = load_file(DREAM / "golden.safetensors")
     model = from_pretrained(DREAM / "tiny_dream_gqa", dtype=torch.float32).eval()
     ids, noisy, answer = g["gqa.sft.input_ids"], g["gqa.sft.noised_input_ids"], g["gqa.sft.maskable"].bool()
@@ -70,7 +70,7 @@ def test_part_one_on_shifted_hidden_states_equals_dllms_dream_loss():
         weight = g["gqa.sft.weights_scheduler"][:, None].expand_as(noisy)  # (B,) -> (B, L)
         loss = gift.diffusion_loss(hidden, model.head, ids, noisy, weight, answer, mask_id, "masked", n_answer)
         torch.testing.assert_close(loss.double(), g["gqa.sft.loss_scheduler_f64"][0], rtol=2e-6, atol=0)
-        cart = gift.dream_weights(noisy != mask_id)  # Dream's context-adaptive weights, p = 0.3
+        cart = gift.cart_weights(noisy != mask_id)  # Dream's context-adaptive weights, p = 0.3
         masked = g["gqa.sft.masked"].bool()
         torch.testing.assert_close(cart[masked], g["gqa.sft.weights_cart"][masked], rtol=1e-6, atol=1e-7)
         loss = gift.diffusion_loss(hidden, model.head, ids, noisy, cart, answer, mask_id, "masked", n_answer)

@@ -193,6 +193,17 @@ def test_a_full_disk_names_the_file_being_written(tmp_path, monkeypatch):
     monkeypatch.setattr(Path, "write_text", full)
     with pytest.raises(OSError, match=f"{out}.*No space left"):
         E.report(args, {}, 1, [dict(seed=0, accuracy=50.0, records=[])], out, tmp_path / "r.jsonl")
+    monkeypatch.undo()
+
+    class FullFile:  # metrics.jsonl, appended to at every logged step
+        name = str(tmp_path / "metrics.jsonl")
+
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+    record = dict(step=1, total_steps=2, epoch=0, loss=1.0, lr=1e-3, grad_norm=1.0, masked_fraction=0.5,
+                  skipped_steps=0, tokens_per_s=1.0, elapsed_s=1.0, eta_s=1.0)
+    with pytest.raises(OSError, match=f"{tmp_path / 'metrics.jsonl'}: No space left"):
+        gift.log(FullFile(), record)
 
 
 # -----------------------------------------------------------------------------

@@ -65,6 +65,18 @@ def test_refreshed_every_step_it_is_the_exact_sampler_on_a_long_answer(family, o
     assert torch.equal(cached, exact)
 
 
+@pytest.mark.parametrize("refresh", [None, 2])
+@pytest.mark.parametrize("cache", ["prefix", "dual"])
+def test_a_window_covering_the_sequence_is_the_full_rebuild(cache, refresh, one_thread):
+    """A windowed rebuild whose window covers the sequence writes every position's fresh keys and values: the
+    steps that read the cache then see what a full rebuild left there, and the tokens are the unwindowed sampler's,
+    whatever the rebuild schedule (without the write they would read the block's first step of an earlier block)."""
+    model, ids, _ = long_case("llada")
+    kw = dict(cache=cache, cache_refresh=refresh, **LONG)
+    windowed = generate_cached(model, ids, options=SamplerOptions(cache_window=WHOLE, **kw))
+    assert torch.equal(windowed, generate_cached(model, ids, options=SamplerOptions(**kw)))
+
+
 def test_a_small_window_is_not_the_exact_sampler(one_thread):
     """The check above can fail: a window of one block leaves the prompt's keys and values as the first block's
     step built them, and the tokens move (this random model is sensitive to its whole context)."""
@@ -127,7 +139,11 @@ def test_the_trace_and_its_grader_on_exact_cases():
     assert longform.grade(ref, "123456", 21) == (21, 21, True)
     assert longform.grade(ref + "\n", "123456", 21) == (21, 21, True)  # whitespace around is stripped
     lines = ref.split("\n")
-    assert longform.grade("\n".join(lines[:5] + ["06: 123465"] + lines[6:]), "123456", 21) == (20, 21, False)
+    # graded step by step: a slip in line 6 costs line 6 and the link to line 7; lines 8.. follow line 7 again
+    assert longform.grade("\n".join(lines[:5] + ["06: 123465"] + lines[6:]), "123456", 21) == (19, 21, False)
+    # a miscopied first line, then every step right from it: only line 1 is wrong
+    assert longform.grade(longform.trace("923456", 21), "123456", 21) == (20, 21, False)
+    assert longform.grade("\n".join(lines[:5] + ["05: 123456"] + lines[6:]), "123456", 21) == (20, 21, False)
     assert longform.grade("\n".join(lines[:20]), "123456", 21) == (20, 21, False)  # a line missing
     assert longform.grade(ref + "\n22: 561234", "123456", 21) == (21, 21, False)  # a line too many
     assert longform.grade("\n".join(lines[1:]), "123456", 21) == (0, 21, False)  # shifted by a line: all wrong

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from conftest import shared_path, tiny_model
 from safetensors.torch import load_file
 
-from gift import (LOSSES, chunked_cross_entropy, dream_weights, first_pass_betas, gift_elbo_jacobian, gift_mask_probs,
+from gift import (LOSSES, cart_weights, chunked_cross_entropy, first_pass_betas, gift_elbo_jacobian, gift_mask_probs,
                   importance_weights, mask_tokens, sft_mask_probs, uniforms)
 from on_model import model_betas, model_entropy_and_nll, model_loss, model_objective
 from model import LLaDA, add_lora, lora_layers
@@ -430,9 +430,9 @@ def test_each_objective_trains_and_survives_zero_masked(name):
     assert all(p.grad is not None and (p.grad == 0).all() for p in model.parameters())
 
 
-def test_dream_weights_match_the_formula():
+def test_cart_weights_match_the_formula():
     unmasked = torch.rand(2, 9, generator=gen(19)) < 0.5
-    w = dream_weights(unmasked, p=0.3)
+    w = cart_weights(unmasked, p=0.3)
     for b, i in itertools.product(range(2), range(9)):
         ref = 0.5 * sum(0.3 * 0.7 ** (abs(i - j) - 1) for j in range(9) if j != i and unmasked[b, j])
         assert abs(w[b, i].item() - ref) < 1e-6
@@ -448,7 +448,7 @@ HAND_TABLE = {
     "gift-elbo": ("sqrt H", "t_i", "r (1-p)^(r-1) / t_i"),
     "gift-sw": ("sqrt H", "p", "sqrt H / p"),
     "nll": ("-log p(x0)", "t_i", "1/t_i"),
-    "dream": (None, "p", "dream / p"),
+    "cart": (None, "p", "cart / p"),
     "gift-star": ("sqrt H0", "t_i", "1/t_i"),
 }
 
@@ -470,10 +470,10 @@ def hand_p_and_w(name, t, u, H, nll, H0, prompt_lengths, L, eps):
             P[b, i] = p if p_rule == "p" else t_i
         for i in answer:
             clean = [j for j in range(L) if not float(u[b, j]) < P[b, j]]  # the prompt is always clean
-            dream = 0.5 * sum(0.3 * 0.7 ** (abs(i - j) - 1) for j in clean if j != i)
+            cart = 0.5 * sum(0.3 * 0.7 ** (abs(i - j) - 1) for j in clean if j != i)
             r = beta[i] / beta_ref if beta_ref > 0 else 1.0
             W[b, i] = {"1/p": 1 / p, "1/t_i": 1 / P[b, i], "r (1-p)^(r-1) / t_i": r * (1 - p) ** (r - 1) / P[b, i],
-                       "sqrt H / p": float(H[b, i]) ** 0.5 / p, "dream / p": dream / p}[w_rule]
+                       "sqrt H / p": float(H[b, i]) ** 0.5 / p, "cart / p": cart / p}[w_rule]
     return P, W
 
 
@@ -500,5 +500,5 @@ def test_each_objective_gives_the_hand_computed_p_and_w(name):
     assert torch.equal(masked, u.double() < P)  # the mask is Bernoulli(p_i) with these draws, never the prompt
     torch.testing.assert_close(weight[answer_mask].double(), W[answer_mask], rtol=1e-5, atol=1e-6)
     assert norm == gift.DEFAULT_NORM[name] == {"sft": "answer", "gift": "masked", "gift-elbo": "answer",
-                                               "gift-sw": "answer", "nll": "masked", "dream": "answer",
+                                               "gift-sw": "answer", "nll": "masked", "cart": "answer",
                                                "gift-star": "masked"}[name]

@@ -34,6 +34,7 @@ def test_options_flags_help_and_errors(capsys):
         assert "--" + f.replace("_", "-") in help_text
     with pytest.raises(SystemExit):
         parse_options(["--loss", "nonsense"])
+    assert parse_options(["--loss", "dream"]).loss == parse_options(["--loss", "cart"]).loss == "cart"  # eq. (16)
     opts = parse_options(["--model", "m", "--data", "d", "--lr", "2e-5", "--lora"])
     assert opts.lr == 2e-5 and opts.lora and opts.epochs == 20  # the paper's LoRA defaults otherwise
     assert parse_options(["--model", "m", "--data", "d", "--lora-dropout", "0"]).lora_dropout == 0.0  # 0 is given
@@ -76,6 +77,20 @@ def test_lora_run_writes_a_peft_adapter(base, tmp_path):
     assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 4
     model = load_adapter(LLaDA.from_pretrained(base / "model"), adapter)
     assert any(float(m.lora_B.abs().sum()) > 0 for m in model.modules() if hasattr(m, "lora_B"))
+
+
+def test_loss_dream_is_cart_and_a_run_saved_as_dream_resumes(base, tmp_path):
+    """--loss dream (the paper's name for eq. 16) runs and saves as cart; a checkpoint whose trainer.json says "dream"
+    resumes with either name."""
+    out = tmp_path / "cart"
+    main(args(base, out, "--lora", "--loss", "dream", "--max-steps", "1"))
+    trainer = latest(out) / "trainer.json"
+    meta = json.loads(trainer.read_text())
+    assert meta["options"]["loss"] == "cart"
+    meta["options"]["loss"] = "dream"
+    trainer.write_text(json.dumps(meta))
+    main(args(base, out, "--lora", "--loss", "cart", "--max-steps", "2", "--resume"))
+    assert [r["step"] for r in metrics(out)] == [1, 2]
 
 
 def test_bad_row_names_the_line(base, tmp_path):
