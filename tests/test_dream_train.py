@@ -122,8 +122,12 @@ def test_dream_betas_come_from_the_shifted_logits():
 RUN = ("--epochs", "3", "--lora-dropout", "0.1", "--log-every", "2", "--loss", "gift")
 
 
-@pytest.mark.parametrize("mode,dtype", [("full", "float32"), ("lora", "float32"), ("full", "bfloat16"),
-                                        ("lora", "bfloat16")])
+BF16 = pytest.mark.bf16  # left out of the forced-kernel reruns (conftest.py)
+
+
+@pytest.mark.parametrize("mode,dtype", [("full", "float32"), ("lora", "float32"),
+                                        pytest.param("full", "bfloat16", marks=BF16),
+                                        pytest.param("lora", "bfloat16", marks=BF16)])
 def test_dream_runs_resume_bit_for_bit_and_export_in_dreams_names(dream_base, tmp_path, monkeypatch, mode, dtype):
     """LoRA (a PEFT adapter on Dream's module names) and full fine-tuning (a Dream Hugging Face folder): stopped by
     SIGTERM at step 2 and at the epoch boundary, resumed, the same weights bit for bit and the same metrics."""

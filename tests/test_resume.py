@@ -115,8 +115,12 @@ def test_the_loop_visits_each_epoch_in_its_own_order(base, tmp_path, monkeypatch
 # Resume is exact anywhere
 
 
-@pytest.mark.parametrize("mode,dtype", [("full", "float32"), ("lora", "float32"), ("full", "bfloat16"),
-                                        ("lora", "bfloat16")])
+BF16 = pytest.mark.bf16  # left out of the forced-kernel reruns (conftest.py)
+
+
+@pytest.mark.parametrize("mode,dtype", [("full", "float32"), ("lora", "float32"),
+                                        pytest.param("full", "bfloat16", marks=BF16),
+                                        pytest.param("lora", "bfloat16", marks=BF16)])
 def test_resume_equals_uninterrupted_at_three_kinds_of_point(base, tmp_path, monkeypatch, mode, dtype):
     """Stopped by SIGTERM inside epoch 0 (step 2), at the epoch boundary (step 3) and inside epoch 2 (step 7), each
     time resumed: the same weights bit for bit, the same metrics, one record per step."""
