@@ -341,8 +341,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data import (EMBEDDED_EVAL, FORMATS, check_chat_tokens, data_fingerprint, describe_embedded, embedded_task,
                   load_dataset, load_tokenizer, special_ids, tiny_config_for)
 from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, add_lora, atomic_write_text, check_config_against_weights,
-                   end_distributed, folder_fingerprint, from_pretrained, load_weight_rows, lora_disabled, lora_layers,
-                   parse_dataclass_flags, setup_distributed, stored_dtype, tensors_fingerprint)
+                   compute_dtype, end_distributed, folder_fingerprint, from_pretrained, load_weight_rows,
+                   lora_disabled, lora_layers, parse_dataclass_flags, setup_distributed, stored_dtype,
+                   tensors_fingerprint)
 
 DTYPES = ("auto", "bfloat16", "float32")
 LOSS_ALIASES = {"dream": "cart"}  # the paper's name for eq. (16)'s ablation (Dream's CART weights), read as cart
@@ -898,8 +899,7 @@ def train(opts, preemption):
     and the data, the optimizer, resume, then one optimizer step per iteration and its bookkeeping (a log line, a
     checkpoint when due). Returns (the trained model, the run's RunInputs, the last checkpoint's folder)."""
     rank, world, device = setup_distributed()
-    dtype = {"auto": torch.bfloat16 if device.type == "cuda" else torch.float32,
-             "bfloat16": torch.bfloat16, "float32": torch.float32}[opts.dtype]
+    dtype = compute_dtype(opts.dtype, device)  # auto: bf16 on a GPU, float32 on the CPU
     # bf16: autocast on the CPU as on a GPU (one code path); norms, softmax and losses stay float32 (model.py, above)
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16
                 else contextlib.nullcontext())

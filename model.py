@@ -1162,12 +1162,6 @@ def compute_dtype(name, device):
     return getattr(torch, name)
 
 
-
-
-
-
-
-
 def end_distributed():
     """Tear the process group down once every rank is done with every collective. gloo's worker threads drop their
     last work's tensors after the collective returns, and that needs the GIL; destroying the group joins those

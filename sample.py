@@ -985,8 +985,8 @@ def load_model(args, options=None):
     tokenizer is checked against config.json (chat tokens, ids within the embedding) and, with `options`, --prompt's
     length against the context, before the weights load."""
     from data import chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text, load_tokenizer
-    from model import LLaDAConfig
-    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
+    from model import LLaDAConfig, compute_dtype
+    dtype = compute_dtype(args.dtype or "auto", args.device)  # model.py's rule: bf16 on a GPU, float32 on the CPU
     with loading(args.folder, args.adapter):
         tokenizer = load_tokenizer(args.folder)
         config = LLaDAConfig.from_json(Path(args.folder) / "config.json")
