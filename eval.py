@@ -29,22 +29,23 @@ import os
 import random
 import re
 import statistics
+import sys
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from data import (BadRow, chat_format, chat_prompt, check_chat_tokens, check_mask_token, data_text, encode,
-                  json_row, load_tokenizer, mask_in_text, read_data_file, unencodable_characters)
+from data import (BOS, BadRow, chat_format, chat_prompt, check_chat_tokens, check_mask_token, data_text, encode,
+                  encode_text, json_row, load_tokenizer, mask_in_text, read_data_file, unencodable_characters)
 from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, compute_dtype, end_distributed,
                    folder_fingerprint, generation_defaults, lock_file, merge_lora, run_command_line, setup_distributed)
 from sample import (SamplerOptions, add_sampler_flags, check_adapter, check_lengths, check_sampler_choice,
-                    check_sampler_options, check_step_count, folder_defaults, generate_with_options, load_weights,
-                    locate_model, options_from_flags)
+                    check_sampler_options, check_step_count, decode_until_stop, folder_defaults, generate,
+                    generate_with_options, load_weights, locate_model, options_from_flags)
 
 # -----------------------------------------------------------------------------
 # Protocol constants (d1, github.com/dllm-reasoning/d1, eval/{gsm8k,math500,countdown,sudoku}.py, commit 837888f).
@@ -1154,12 +1155,6 @@ def main(argv=None):
 #   one draw = one forward pass; mc_num draws, `batch_size` per pass, the l of each pass stratified over 1..L; the
 #   context is never masked. Dream reads token i's prediction at position i - 1. A lower bound on log p(y | x).
 
-import sys  # the harness section's own imports (main reads sys.argv for --harness)
-from dataclasses import fields
-
-from data import BOS, encode_text
-from sample import decode_until_stop, generate
-
 HARNESS_INSTALL = "pip install -r requirements-extras.txt (lm-eval==0.4.13)"
 
 
@@ -1205,11 +1200,13 @@ def elbo_draws(model, context, continuation, mc_num, batch_size, generator):
         masked = continuation_masks(L, counts, generator).to(device)  # (b, L)
         x = x0.repeat(b, 1)
         x[:, P:] = torch.where(masked, mask_id, y)  # the context is never masked
-        hidden = model(x, return_hidden=True)[:, where]  # (b, L, D): the head only where it is read
-        logits = model.head(hidden)  # (b, L, V)
+        hidden = model(x, return_hidden=True)[:, where]  # (b, L, D): the states that predict y
+        rows, cols = masked.nonzero(as_tuple=True)  # the N masked tokens: the only logits the estimate reads
+        logits = model.head(hidden[rows, cols])  # (N, V)
         logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-        logp_y = logp.gather(-1, y.expand(b, L)[..., None])[..., 0].double()  # (b, L)
-        draws.append(L / counts.to(device).double() * (logp_y * masked).sum(dim=1))
+        logp_y = logp.gather(-1, y[cols][:, None])[:, 0].double()  # (N,)
+        sums = torch.zeros(b, dtype=torch.float64, device=device).index_add_(0, rows, logp_y)  # (b,)
+        draws.append(L / counts.to(device).double() * sums)
     return torch.cat(draws)
 
 

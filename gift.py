@@ -1265,7 +1265,6 @@ def on_rank0(fn):
 
 WANDB_ID = "wandb_run_id"  # <out>/wandb_run_id: the W&B run this output folder logs to (--wandb-project)
 RUN_FILES = ("checkpoints", "latest", "metrics.jsonl", "ref_betas.pt", WANDB_ID, "wandb")  # what a run writes
-CHECKPOINT_PARTS = ("train_state", "trainer.json", "loop_state.pt", "model", "adapter", "merged")  # in step-N/
 CHECKPOINT_NAME = re.compile(r"step-(\d{7})(\.tmp)?")
 # the files of each part, as write_checkpoint writes them; anything else in a step-N folder is a user's
 MODEL_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json", *EXPORTED)

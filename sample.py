@@ -421,20 +421,14 @@ def rebuild_rows(model, x, attention_mask, prompt_index, cfg_scale, mask_id, kv_
 
 def check_cached_args(o, prompt, attention_mask, generator):
     """generate_cached's checks, before any forward pass: its options' lengths set, generate()'s checks, and the
-    cache's refresh and drift."""
+    options' own (check_sampler_options, the command lines' check, naming the field)."""
     if None in (o.gen_length, o.steps, o.block_length):
         raise ValueError(f"sample.py generate_cached: options.gen_length ({o.gen_length}), steps ({o.steps}) and "
                          f"block_length ({o.block_length}) must be set; e.g. SamplerOptions(gen_length=128, steps=128, "
                          "block_length=32, cache='dual')")
     check_generate_args(prompt, attention_mask, o.steps, o.gen_length, o.block_length, o.remasking, generator, o.cache,
                         o.threshold, where="generate_cached")
-    if o.cache_refresh is not None and (o.cache is None or not isinstance(o.cache_refresh, int) or o.cache_refresh < 1):
-        raise ValueError(f"sample.py generate_cached: cache_refresh={o.cache_refresh!r}; a whole number of steps >= 1, "
-                         "with a cache")
-    if o.cache_drift is not None and (o.cache is None or not 0 < o.cache_drift <= 1):
-        raise ValueError(f"sample.py generate_cached: cache_drift={o.cache_drift!r}; a cosine similarity in (0, 1], "
-                         "with a cache")
-    check_sampler_options(o)  # the options' own checks (cache_window ...), where the command lines check them
+    check_sampler_options(o, source="sample.py generate_cached's SamplerOptions")
 
 
 @torch.no_grad()
@@ -737,7 +731,7 @@ def check_sampler_options(o, source=None):
         if value is not None and not 0 <= value < math.inf:
             raise ValueError(f"{name(key)} {value}: must be 0 (" + ("greedy" if key == "temperature" else "off") +
                              ") or more, a finite number")
-    if o.cache_refresh is not None and (o.cache is None or o.cache_refresh < 1):
+    if o.cache_refresh is not None and (o.cache is None or not isinstance(o.cache_refresh, int) or o.cache_refresh < 1):
         raise ValueError(f"{name('cache_refresh')} {o.cache_refresh}: a number of steps >= 1, with --cache prefix or "
                          "dual")
     if o.cache_drift is not None and (o.cache is None or not 0 < o.cache_drift <= 1):
@@ -1018,10 +1012,7 @@ def check_context(n_prompt, gen_length, context):
 def main(argv=None):
     args, options = parse_args(argv)
     from data import chat_format, chat_prompt, encode_text
-    try:
-        model, tokenizer = load_model(args, options)
-    except ContextFull as e:  # --prompt too long: said before the weights load
-        raise SystemExit(f"sample.py: {e}") from None
+    model, tokenizer = load_model(args, options)  # a --prompt too long for the context is said before the weights load
     fmt = chat_format(tokenizer)  # LLaDA's template, or ChatML for Dream's tokenizer
     generator = torch.Generator(args.device).manual_seed(args.seed)
 

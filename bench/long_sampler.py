@@ -23,7 +23,6 @@ whole: a windowed row pays that one full forward in each timed run, so its figur
 import argparse
 import json
 import math
-import platform
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repo's top-level files are plain modules
 sys.path.insert(0, str(REPO / "experiments"))
 import longform  # noqa: E402
+from gift_vs_sft import cpu_name  # noqa: E402
 from model import LLaDA, LLaDAConfig  # noqa: E402
 from sample import SamplerOptions, generate_with_options  # noqa: E402
 
@@ -160,16 +160,6 @@ def run_table(a):
     (out / f"long_sampler-{tag}.md").write_text(md)
     (out / f"long_sampler-{tag}.json").write_text(json.dumps(dict(header=header, rows=rows), indent=1) + "\n")
     return rows
-
-
-def cpu_name():
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # -----------------------------------------------------------------------------
