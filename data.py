@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
-                        processors)
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 # -----------------------------------------------------------------------------
-# Constants: LLaDA's special token strings (their ids always come from tokenizer.json / config.json)
+# Constants: the chat formats' special token strings (their ids always come from tokenizer.json / config.json)
 
+# LLaDA-8B-Instruct's (Llama 3's headers)
 BOS = "<|startoftext|>"
 EOS = "<|endoftext|>"  # also LLaDA's pad token
 START_HEADER = "<|start_header_id|>"
@@ -39,16 +39,38 @@ IM_END = "<|im_end|>"
 DREAM_MASK = "<|mask|>"
 DREAM_SPECIAL_TOKENS = (EOS, IM_START, IM_END, DREAM_MASK)
 CHATML_SYSTEM = "You are a helpful assistant."  # Qwen2.5's template adds this system turn when the messages have none
+# characters of the char-level tokenizer: enough for the Sudoku texts, answer tags and the role names
+CHAR_VOCAB = "\n :/<>0123456789Sabcdefghijklmnopqrstuvwxyz"
+DREAM_CHAR_VOCAB = CHAR_VOCAB + "Y."  # and ChatML's default system turn, "You are a helpful assistant."
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """What differs between the chat formats, looked up rather than branched on (the template is chat_prompt's)."""
+    specials: tuple  # the special tokens, in the order make_char_tokenizer adds them
+    text_tokens: dict  # SpecialIds field -> the token chat_prompt writes into text (checked by check_chat_tokens)
+    mask: str  # the diffusion mask
+    chars: str  # make_char_tokenizer's default characters
+    tiny_model: dict  # tiny_config_for's LLaDAConfig fields (model.py's config reads the family from model_type)
+
+
+CHAT_FORMATS = {  # keyed by chat_format(tokenizer)
+    "llada": ChatFormat(SPECIAL_TOKENS, dict(bos=BOS, eot=EOT, start_header=START_HEADER, end_header=END_HEADER),
+                        MASK, CHAR_VOCAB, {}),
+    "chatml": ChatFormat(DREAM_SPECIAL_TOKENS, dict(start_header=IM_START, eot=IM_END), DREAM_MASK, DREAM_CHAR_VOCAB,
+                         dict(model_type="Dream", include_qkv_bias=True, rope_theta=1e6, rms_norm_eps=1e-6)),
+}
+FAMILY_CHAT_FORMAT = {"llada": "llada", "dream": "chatml"}  # make_char_tokenizer's `family`; another name: "llada"
 
 ROLES = ("system", "user", "assistant")
 FORMATS = ("messages", "prompt-response", "s1k", "s1k-1.1")
 ENCODE_CHUNK = 2048  # rows tokenized per encode_batch call: parallel in Rust, bounded memory for big files
 MAX_BAD_ROWS_KEPT = 10  # error messages of skipped rows kept in the stats for the log
-# a line is read at most this far (or 64 x the characters that could fit max_len tokens, if more) before it is dropped
-# as too long unread: rows carry fields no format reads (s1K's other trajectories), so a line's bytes bound its text
-# only loosely; this keeps a line with no end (a file without line breaks) from being held whole
+# a line longer than this (or than 64 x the characters that fit max_len tokens) is dropped unread: rows carry fields no
+# format reads (s1K's other trajectories), and a line with no end (a file without line breaks) is never held whole
 MAX_LINE_BYTES = 64 << 20
 MAX_FILE_BYTES = 256 << 20  # a data file read whole (eval.py's test and shot files: a few MB)
+CR_BREAK = re.compile(rb"\r[ \t]*[^\s]")  # a line break of CR alone (classic Mac files read as one line)
 
 # d1 / wd1's instruction before each s1K question (github.com/dllm-reasoning/d1, SFT/sft_trainer.py; a test checks it)
 SFT_SYSTEM_PROMPT = ("\nRespond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n"
@@ -58,9 +80,13 @@ SFT_SYSTEM_PROMPT = ("\nRespond in the following format:\n<reasoning>\nYour reas
 # format strips anyway), keeping the sequences short enough for a tiny model on a CPU.
 SUDOKU_TASK_PROMPT = "Solve the following Sudoku puzzle: {puzzle}"
 SUDOKU_ANSWER = "<answer>{solution}</answer>"
-# characters of the char-level tokenizer: enough for the Sudoku texts, answer tags and the role names
-CHAR_VOCAB = "\n :/<>0123456789Sabcdefghijklmnopqrstuvwxyz"
-DREAM_CHAR_VOCAB = CHAR_VOCAB + "Y."  # and ChatML's default system turn, "You are a helpful assistant."
+# what `python gift.py` trains on with no --model (a tiny LLaDA learns 4x4 Sudoku): training puzzles; the held-out
+# ones (gift.py --eval-puzzles, 8 blanks as d1's) come from `test_grids` of the 288 solution grids, never trained on
+EMBEDDED_PUZZLES = dict(n_train=19200, n_blanks=(2, 8), test_grids=32)  # 300 steps of 64 per epoch
+# the answer "<answer>{16 digits}</answer><|eot_id|>" is 34 tokens: generate exactly that, one token per step. Saved
+# in every exported model folder (generation_defaults.json), with the held-out puzzles, for sample.py and eval.py
+EMBEDDED_EVAL = dict(task="sudoku", prompt_style="plain", gen_length=34, block_length=34, steps=34,
+                     test_data="sudoku_heldout.csv")
 
 # the 12 units (4 rows, 4 columns, 4 boxes) of a 4x4 grid, as row-major cell indices 0..15
 SUDOKU_UNITS = ([[4 * r + c for c in range(4)] for r in range(4)]
@@ -81,9 +107,8 @@ QWEN2_SPECIAL_DEFAULTS = dict(unk_token=EOS, eos_token=EOS, pad_token=EOS)
 
 
 def load_tokenizer(model_dir):
-    """The `tokenizers` tokenizer of a model folder: <model_dir>/tokenizer.json, or, in a folder without one, the slow
-    Qwen2 tokenizer's files that Dream-v0's Hugging Face folders ship (vocab.json, merges.txt, tokenizer_config.json),
-    built into the same tokenizer as transformers builds from them (qwen2_tokenizer)."""
+    """The `tokenizers` tokenizer of a model folder: its tokenizer.json, or in a folder without one (Dream-v0's), the
+    slow Qwen2 tokenizer's vocab.json, merges.txt and tokenizer_config.json, built as transformers builds them."""
     folder = Path(model_dir)
     path = folder / "tokenizer.json"
     if path.is_file():
@@ -150,12 +175,10 @@ def _added_token(token, path, special=None):
 
 def qwen2_tokenizer(folder):
     """The fast tokenizer that transformers builds from a slow Qwen2 tokenizer's files (Qwen2Converter in
-    convert_slow_tokenizer.py, then PreTrainedTokenizerFast's added tokens): a byte-level BPE of vocab.json and
-    merges.txt with no unknown token (its 256 byte characters spell any text); NFC normalization; Qwen2's split
-    (QWEN2_SPLIT), then each piece as its UTF-8 bytes (ByteLevel, no prefix space); the ByteLevel decoder. The added
-    tokens, matched in text before the BPE: tokenizer_config.json's added_tokens_decoder (or else the older
-    added_tokens.json) in id order, each special also when a special-token field names it, then the named special
-    tokens not among them."""
+    convert_slow_tokenizer.py, then PreTrainedTokenizerFast's added tokens): a byte-level BPE with no unknown token
+    (its 256 byte characters spell any text). The added tokens, matched in text before the BPE: tokenizer_config.json's
+    added_tokens_decoder (or else the older added_tokens.json) in id order, each special also when a special-token
+    field names it, then the named special tokens not among them."""
     folder = Path(folder)
     vocab = _read_json(folder / "vocab.json")
     if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
@@ -225,15 +248,12 @@ def chat_format(tokenizer):
     return "chatml" if tokenizer.token_to_id(IM_START) is not None else "llada"
 
 
-def chat_tokens(tokenizer):
-    """The special tokens the tokenizer's chat format writes into text: ChatML's, or LLaDA's (Llama 3's headers)."""
-    return (IM_START, IM_END) if chat_format(tokenizer) == "chatml" else (BOS, EOT, START_HEADER, END_HEADER)
-
-
-def _ids_of(tokenizer, text):
+def _encoding(tokenizer, text):
+    """tokenizer.encode(text) as encode() does, or None where it raises (a character with no token: the tokenizer's
+    "Missing [UNK] token")."""
     try:
-        return encode(tokenizer, text)
-    except Exception:  # a character with no token (e.g. "Missing [UNK] token")
+        return tokenizer.encode(text, add_special_tokens=False)
+    except Exception:
         return None
 
 
@@ -242,12 +262,13 @@ def check_chat_tokens(tokenizer, where, hint=""):
     tokenizer's folder or file). chat_prompt writes them as text: a missing token, or one that is only a plain
     vocabulary entry (not under 'added_tokens', so the BPE spells it out in pieces), turns the template into ordinary
     characters the model never saw as one. The one check of gift.py, sample.py and eval.py. Returns {token: id}."""
-    ids = {token: tokenizer.token_to_id(token) for token in chat_tokens(tokenizer)}
+    ids = {token: tokenizer.token_to_id(token) for token in CHAT_FORMATS[chat_format(tokenizer)].text_tokens.values()}
     missing = [token for token, token_id in ids.items() if token_id is None]
     if missing:
         raise ValueError(f"{where}: its tokenizer has no chat token {', '.join(missing)}: it is neither LLaDA's nor "
                          f"Dream's (ChatML, {IM_START}), so there is no chat format to wrap the prompt in{hint}")
-    split = [token for token, token_id in ids.items() if _ids_of(tokenizer, token) != [token_id]]
+    encodings = {token: _encoding(tokenizer, token) for token in ids}
+    split = [token for token, e in encodings.items() if e is None or e.ids != [ids[token]]]
     if split:
         raise ValueError(f"{where}: its tokenizer does not read {', '.join(split)} in text as one token (a plain "
                          "vocabulary entry, spelled out in pieces); it must be listed under 'added_tokens' in "
@@ -258,21 +279,15 @@ def check_chat_tokens(tokenizer, where, hint=""):
 def special_ids(tokenizer, config):
     """mask / eos / pad from the model config (config.json), the chat-format tokens from the tokenizer. A full model
     config (one with embedding_size, e.g. LLaDAConfig) is also checked against the tokenizer (check_mask_token)."""
-    ids = {}
     for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(config, name, None)
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"config.json field {name!r} is {value!r}; it must be a token id")
-        ids[name] = value
     if getattr(config, "embedding_size", None) is not None:
         check_mask_token(tokenizer, config)
-    chatml = chat_format(tokenizer) == "chatml"
-    ids |= check_chat_tokens(tokenizer, "tokenizer.json")
-    common = dict(eos=ids["eos_token_id"], pad=ids["pad_token_id"], mask=ids["mask_token_id"])
-    if chatml:
-        return SpecialIds(**common, eot=ids[IM_END], start_header=ids[IM_START])
-    return SpecialIds(**common, eot=ids[EOT], bos=ids[BOS], start_header=ids[START_HEADER],
-                      end_header=ids[END_HEADER])
+    ids = check_chat_tokens(tokenizer, "tokenizer.json")
+    return SpecialIds(eos=config.eos_token_id, pad=config.pad_token_id, mask=config.mask_token_id,
+                      **{field: ids[t] for field, t in CHAT_FORMATS[chat_format(tokenizer)].text_tokens.items()})
 
 
 def check_mask_token(tokenizer, config):
@@ -289,8 +304,7 @@ def check_mask_token(tokenizer, config):
         if not 0 <= getattr(config, name) < E:
             raise ValueError(f"config.json field {name!r} = {getattr(config, name)} is outside the embedding "
                              f"(embedding_size = {E}: ids 0 .. {E - 1}); config.json belongs to another model?")
-    mask_id, mask = config.mask_token_id, DREAM_MASK if chat_format(tokenizer) == "chatml" else MASK
-    tokenizer_mask_id = tokenizer.token_to_id(mask)
+    mask_id, (mask, tokenizer_mask_id) = config.mask_token_id, mask_token(tokenizer)
     if tokenizer_mask_id is not None and tokenizer_mask_id != mask_id:
         raise ValueError(f"config.json field 'mask_token_id' = {mask_id}, but the tokenizer's {mask!r} token is id "
                          f"{tokenizer_mask_id}: tokenizer.json and config.json come from different models (or set "
@@ -309,13 +323,11 @@ def check_mask_token(tokenizer, config):
 def chat_prompt(messages, fmt="llada"):
     """The chat template, written out: each turn, then the header of the assistant turn that the answer (or
     generation) follows. `messages` is a list of {"role", "content"}; fmt is chat_format(tokenizer).
-
     "llada", LLaDA-8B-Instruct's: BOS once, each turn with its header. The official Jinja template appends
-    '<|start_header_id|>assistant<|end_header_id|>\\n\\n' after EVERY conversation, even one that already ends
-    with the assistant's answer; d1 and wd1 inherited that stray header at the end of their SFT sequences. We do not
-    reproduce it: a training sequence ends with the answer's <|eot_id|> and then the pads.
-    "chatml", Dream-v0's (Qwen2.5's tokenizer_config.json template): '<|im_start|>role\\n...<|im_end|>\\n' per
-    turn, a system turn CHATML_SYSTEM first when the messages have none, then '<|im_start|>assistant\\n'."""
+    '<|start_header_id|>assistant<|end_header_id|>\\n\\n' after EVERY conversation, even one ending with the
+    answer (so do d1's and wd1's SFT sequences); ours ends a training sequence with the answer's <|eot_id|> and pads.
+    "chatml", Dream-v0's (Qwen2.5's tokenizer_config.json template): a system turn CHATML_SYSTEM first when the
+    messages have none, then '<|im_start|>assistant\\n'."""
     if fmt == "chatml":
         system = [] if messages and messages[0]["role"] == "system" else [dict(role="system", content=CHATML_SYSTEM)]
         turns = "".join(f"{IM_START}{m['role']}\n{m['content'].strip()}{IM_END}\n" for m in system + list(messages))
@@ -324,11 +336,6 @@ def chat_prompt(messages, fmt="llada"):
     for m in messages:
         text += f"{START_HEADER}{m['role']}{END_HEADER}\n\n{m['content'].strip()}{EOT}"
     return text + f"{START_HEADER}assistant{END_HEADER}\n\n"
-
-
-def turn_end(fmt):
-    """The token that ends a turn, and so a training answer: <|eot_id|> (LLaDA) or <|im_end|> (ChatML)."""
-    return IM_END if fmt == "chatml" else EOT
 
 
 def encode_prompt(tokenizer, messages):
@@ -360,11 +367,8 @@ def _unencodable(tokenizer, text, unk):
     for pos, ch in enumerate(text):
         if ch in readable or any(a <= pos < b for a, b in spans):
             continue
-        try:
-            ids = tokenizer.encode(ch, add_special_tokens=False).ids
-        except Exception:
-            ids = None
-        readable[ch] = ids is not None and not (unk_id is not None and unk_id in ids and ch != unk_token)
+        encoding = _encoding(tokenizer, ch)
+        readable[ch] = encoding is not None and not (unk_id is not None and unk_id in encoding.ids and ch != unk_token)
         if not readable[ch]:
             bad[ch] = pos
     return bad
@@ -388,14 +392,13 @@ def _unreadable(tokenizer, text, encoding, unk):
 
 
 def unencodable_characters(tokenizer, text):
-    """The distinct characters of `text` (outside its special tokens, in order of appearance) that the tokenizer has
-    no faithful token for. [] for LLaDA's byte-level BPE, which encodes any text."""
+    """_unencodable's characters: [] for LLaDA's byte-level BPE, which encodes any text."""
     return list(_unencodable(tokenizer, text, _unknown_token(tokenizer)))
 
 
 def mask_token(tokenizer):
     """(text, id) of the tokenizer's diffusion mask token (<|mdm_mask|>, Dream's <|mask|>); id None without one."""
-    text = DREAM_MASK if chat_format(tokenizer) == "chatml" else MASK
+    text = CHAT_FORMATS[chat_format(tokenizer)].mask
     return text, tokenizer.token_to_id(text)
 
 
@@ -433,17 +436,12 @@ def encode_pairs(tokenizer, pairs):
     """[(messages, answer)] -> per pair (ids, prompt_len), or a BadRow when the tokenizer cannot encode its text (a
     character outside its vocabulary: it raises, or gives its unknown token). See encode_examples."""
     fmt = chat_format(tokenizer)
-    eot = _token_id(tokenizer, turn_end(fmt))
+    eot = _token_id(tokenizer, CHAT_FORMATS[fmt].text_tokens["eot"])  # ends the answer's turn
     texts = [chat_prompt(messages, fmt) for messages, _ in pairs] + [answer.strip() for _, answer in pairs]
     try:
         encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
-    except Exception:  # some text holds a character with no token (e.g. "Missing [UNK] token"): find which
-        encodings = []
-        for text in texts:
-            try:
-                encodings.append(tokenizer.encode(text, add_special_tokens=False))
-            except Exception:
-                encodings.append(None)
+    except Exception:  # some text holds a character with no token: find which
+        encodings = [_encoding(tokenizer, text) for text in texts]
     unk, mask = _unknown_token(tokenizer), mask_token(tokenizer)
     n, results = len(pairs), []
     for p, a, p_text, a_text in zip(encodings[:n], encodings[n:], texts[:n], texts[n:]):
@@ -456,7 +454,6 @@ def encode_pairs(tokenizer, pairs):
 
 def encode_examples(tokenizer, pairs):
     """[(messages, answer)] -> [(ids, prompt_len)], ids = prompt + answer + <|eot_id|>, tokenized in one batch.
-
     Prompt and answer are tokenized separately, so the prompt ids are exactly what generation is given
     (encode_prompt) and prompt_len is exact. The answer is stripped, as the official template trims every turn.
     Text the tokenizer cannot encode raises ValueError naming the example and the character."""
@@ -492,9 +489,9 @@ class BadRow(Exception):
         self.field, self.problem = field, problem
 
 
-def _get(obj, key, field):
+def _get(obj, key, field=None):
     if key not in obj:
-        raise BadRow(field, "missing")
+        raise BadRow(field or key, "missing")
     return obj[key]
 
 
@@ -534,9 +531,8 @@ def parse_row(row, fmt):
     """One JSON object -> (prompt messages, answer). Raises BadRow naming the field."""
     if not isinstance(row, dict):
         raise BadRow(None, f"expected a JSON object, got a {type(row).__name__}")
-    if fmt == "messages":
-        # train on the last turn, which must be the assistant's; all earlier turns are the prompt
-        messages = _get(row, "messages", "messages")
+    if fmt == "messages":  # train on the last turn, which must be the assistant's; all earlier turns are the prompt
+        messages = _get(row, "messages")
         if not isinstance(messages, list) or len(messages) < 2:
             raise BadRow("messages", "must be a list of at least 2 {role, content} turns, the last the assistant's")
         for i, m in enumerate(messages):
@@ -545,35 +541,33 @@ def parse_row(row, fmt):
             role = _text(_get(m, "role", f"messages[{i}].role"), f"messages[{i}].role")
             if role not in ROLES:
                 raise BadRow(f"messages[{i}].role", f"{role!r} is not one of {ROLES}")
-            last = i == len(messages) - 1
-            _text(_get(m, "content", f"messages[{i}].content"), f"messages[{i}].content", allow_empty=not last)
+            content = f"messages[{i}].content"
+            _text(_get(m, "content", content), content, allow_empty=i < len(messages) - 1)  # the answer: not empty
         if messages[-1]["role"] != "assistant":
             raise BadRow(f"messages[{len(messages) - 1}].role", "the last turn must be the assistant's answer")
         return [{"role": m["role"], "content": m["content"]} for m in messages[:-1]], messages[-1]["content"]
     if fmt == "prompt-response":
-        prompt = _text(_get(row, "prompt", "prompt"), "prompt")
-        return [{"role": "user", "content": prompt}], _text(_get(row, "response", "response"), "response")
+        prompt = _text(_get(row, "prompt"), "prompt")
+        return [{"role": "user", "content": prompt}], _text(_get(row, "response"), "response")
     if fmt == "s1k":
-        question = _text(_get(row, "question", "question"), "question")
-        traces = _get(row, "thinking_trajectories", "thinking_trajectories")
+        question = _text(_get(row, "question"), "question")
+        traces = _get(row, "thinking_trajectories")
         if not isinstance(traces, list) or not traces:
             raise BadRow("thinking_trajectories", f"must be a non-empty list of strings, got {traces!r:.40}")
         trace = _text(traces[0], "thinking_trajectories[0]")
-        return _s1k_pair(question, trace, _text(_get(row, "attempt", "attempt"), "attempt"))
+        return _s1k_pair(question, trace, _text(_get(row, "attempt"), "attempt"))
     if fmt == "s1k-1.1":
-        question = _text(_get(row, "question", "question"), "question")
-        trace = _text(_get(row, "deepseek_thinking_trajectory", "deepseek_thinking_trajectory"),
-                      "deepseek_thinking_trajectory")
-        return _s1k_pair(question, trace, _text(_get(row, "deepseek_attempt", "deepseek_attempt"), "deepseek_attempt"))
+        question = _text(_get(row, "question"), "question")
+        trace = _text(_get(row, "deepseek_thinking_trajectory"), "deepseek_thinking_trajectory")
+        return _s1k_pair(question, trace, _text(_get(row, "deepseek_attempt"), "deepseek_attempt"))
     raise ValueError(f"unknown data format {fmt!r}; choose one of {FORMATS} or 'auto'")
 
 
 def max_token_chars(tokenizer):
     """The most characters one token can stand for: its vocabulary's longest entry (added tokens included), times 4
-    when the tokenizer normalizes text first (NFC composes at most 4 code points into one, e.g. U+1F87). A text of
-    more than max_len x this many characters cannot fit max_len tokens of a tokenizer that keeps every character
-    (LLaDA's and Dream's byte-level BPE: each token spells at most its own length in bytes; the character-level one),
-    so load_dataset drops it without tokenizing it (20 MB of text cost ~8 GB in the tokenizer)."""
+    when the tokenizer normalizes text first (NFC composes at most 4 code points into one, e.g. U+1F87). So a text
+    longer than max_len x this cannot fit max_len tokens of a tokenizer that keeps every character (byte-level BPE,
+    the character-level one): load_dataset drops it untokenized (20 MB of text cost ~8 GB in the tokenizer)."""
     longest = max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1)
     return longest * (4 if tokenizer.normalizer is not None else 1)
 
@@ -581,12 +575,7 @@ def max_token_chars(tokenizer):
 def _lines(f, limit):
     """(line number, bytes, whole) for each line of the binary file f: a line longer than `limit` bytes (None: no
     limit) is cut there (whole False) and the rest of it skipped, never held in memory."""
-    line_no = 0
-    while True:
-        line_no += 1
-        raw = f.readline() if limit is None else f.readline(limit + 1)
-        if not raw:
-            return
+    for line_no, raw in enumerate(iter(lambda: f.readline(-1 if limit is None else limit + 1), b""), start=1):
         whole = limit is None or len(raw) <= limit or raw.endswith(b"\n")
         rest = raw
         while not rest.endswith(b"\n") and rest and not whole:  # skip to the next line break
@@ -603,9 +592,8 @@ def _file_kind(path):
 
 
 def _wrong_encoding(head):
-    """What the first bytes of a data file say of its encoding when it cannot be UTF-8 JSONL (None otherwise): a UTF-16
-    or UTF-32 byte order mark, or zero bytes in the places UTF-16 or UTF-32 puts them beside ASCII characters (UTF-8
-    JSON never holds a zero byte)."""
+    """(what, encoding) when a data file's first bytes say it is UTF-16 or UTF-32, not UTF-8 (else None): a byte order
+    mark, or zero bytes where those put them beside ASCII characters (UTF-8 JSON never holds a zero byte)."""
     for bom, name in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
                       (b"\xfe\xff", "UTF-16")):
         if head.startswith(bom):
@@ -621,11 +609,6 @@ def _wrong_encoding(head):
         return ("looks like UTF-16 (every other byte is 0) without a byte order mark",
                 "UTF-16LE" if odd > even else "UTF-16BE")
     return None
-
-
-def _cr_only(raw):
-    """Whether a line's bytes hold line breaks of CR alone (classic Mac files: the whole file reads as one line)."""
-    return re.search(rb"\r[ \t]*[^\s]", raw) is not None
 
 
 def check_data_file(path, fmt="auto"):
@@ -670,16 +653,12 @@ def data_text(path, raw):
         raise ValueError(f"{path}, line {line}: not UTF-8 (byte {column} of the line)") from None
 
 
-class DuplicateKey(ValueError):
-    pass
-
-
 def _unique_keys(pairs):
     """json.loads' object_pairs_hook: an object, refusing a key given twice (json.loads keeps the last silently)."""
     seen = set()
     for key, _ in pairs:
         if key in seen:
-            raise DuplicateKey(key)
+            raise BadRow(None, f"the key {key!r} is given twice (which one is meant?)")
         seen.add(key)
     return dict(pairs)
 
@@ -689,8 +668,6 @@ def json_row(line):
     invalid JSON raises json.JSONDecodeError, for the caller to say where."""
     try:
         return json.loads(line, object_pairs_hook=_unique_keys)
-    except DuplicateKey as e:
-        raise BadRow(None, f"the key {e.args[0]!r} is given twice (which one is meant?)") from None
     except RecursionError:  # JSON nested deeper than the parser's recursion limit
         raise BadRow(None, "nested too deeply to read (a Python RecursionError); a row is an object of strings and "
                            "lists of turns") from None
@@ -698,15 +675,14 @@ def json_row(line):
 
 def check_cr_only(path, line_no, raw):
     """A first line with CR breaks inside and no LF: the whole file reads as one line. ValueError for the file."""
-    if line_no == 1 and not raw.endswith(b"\n") and _cr_only(raw):
+    if line_no == 1 and not raw.endswith(b"\n") and CR_BREAK.search(raw):
         raise ValueError(f"data file {path}: its lines end in CR only (\\r, classic Mac line breaks), so it reads "
                          "as one line; JSONL lines end in LF or CRLF (convert it, e.g. tr '\\r' '\\n')") from None
 
 
 def read_row(path, line_no, raw, fmt):
-    """One JSONL line (bytes) -> (messages, answer, its format): fmt, or detected from the row when None (the first
-    good row fixes the format of the file). BadRow when the line is not UTF-8, not JSON, nested too deep to read,
-    or not a row of the format."""
+    """One JSONL line (bytes) -> (messages, answer, its format): fmt, or when None the row's (the first good row fixes
+    the file's). BadRow when the line is not UTF-8, not JSON, nested too deep to read, or not a row of the format."""
     try:
         line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")  # a BOM is accepted
     except UnicodeDecodeError as e:
@@ -718,29 +694,25 @@ def read_row(path, line_no, raw, fmt):
     except json.JSONDecodeError as e:
         check_cr_only(path, line_no, raw)
         raise BadRow(None, f"invalid JSON ({e.msg}, column {e.colno})"
-                     + ("; the line holds CR (\\r) line breaks" if _cr_only(raw) else "")) from None
+                     + ("; the line holds CR (\\r) line breaks" if CR_BREAK.search(raw) else "")) from None
     except RecursionError:  # JSON nested deeper than the parser's recursion limit (or its repr)
         raise BadRow(None, "nested too deeply to read (a Python RecursionError); a row is an object of strings and "
                            "lists of turns") from None
 
 
 def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False):
-    """Read a JSONL file into training examples.
-
-    Returns (examples, stats): examples a list of (ids, prompt_len), ids a 1-D int32 tensor (4 bytes a token;
-    a Python list costs ~36, too much for Tulu 3 on 8 ranks); stats a dict with the format and the counts of
-    rows, examples, tokens, skipped bad rows and examples dropped for being longer than max_len (never
-    truncated; max_len=None keeps all). The format is fmt, or with fmt="auto" detected from the first good row.
-    A bad row raises DataError (file, line, field) unless skip_bad_rows, which skips and counts it instead.
-    Blank lines are ignored."""
+    """A JSONL file's training examples and stats. examples: (ids, prompt_len), ids a 1-D int32 tensor (4 bytes a
+    token; a Python list costs ~36, too much for Tulu 3 on 8 ranks). stats: the format (fmt, or with "auto" the first
+    good row's) and the counts of rows, examples, tokens, skipped bad rows and examples longer than max_len, dropped
+    (never truncated; max_len=None keeps all). A bad row raises DataError (file, line, field) unless skip_bad_rows,
+    which skips and counts it. Blank lines are ignored."""
     path = check_data_file(path, fmt)
-    # the most characters a row's text may hold and still fit max_len tokens (max_token_chars): longer rows are
-    # dropped without being tokenized, longer lines without being read
+    # a row's text longer than max_chars cannot fit max_len tokens (max_token_chars): dropped untokenized
     max_chars = None if max_len is None else max_len * max_token_chars(tokenizer)
     max_bytes = None if max_len is None else max(MAX_LINE_BYTES, 64 * max_chars)
     stats = dict(path=str(path), format=None if fmt == "auto" else fmt, rows=0, examples=0, tokens=0,
                  skipped_bad_rows=0, dropped_too_long=0, bad_rows=[])
-    examples, pending, pending_lines = [], [], []
+    examples, pending = [], []  # pending: (line number, (messages, answer)) not yet tokenized
 
     def bad_row(line_no, bad):  # raise, or skip and count
         if not skip_bad_rows:
@@ -752,10 +724,9 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
             stats["bad_rows"].append(str(DataError(path, line_no, bad.field, bad.problem)))
 
     def flush():  # tokenize the pending rows; text the tokenizer cannot encode is a bad row; drop the too-long ones
-        results, lines = encode_pairs(tokenizer, pending), list(pending_lines)
+        rows = list(pending)
         pending.clear()  # first, so the flush() of a bad_row() below finds nothing left to do
-        pending_lines.clear()
-        for line_no, result in zip(lines, results):
+        for (line_no, _), result in zip(rows, encode_pairs(tokenizer, [pair for _, pair in rows])):
             if isinstance(result, BadRow):
                 bad_row(line_no, result)
                 continue
@@ -784,8 +755,7 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
                                           > max_chars):  # cannot fit max_len tokens: not worth tokenizing
                 stats["dropped_too_long"] += 1
                 continue
-            pending.append((messages, answer))
-            pending_lines.append(line_no)
+            pending.append((line_no, (messages, answer)))
             if len(pending) == ENCODE_CHUNK:
                 flush()
     flush()
@@ -796,19 +766,19 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
     return examples, stats
 
 
-# -----------------------------------------------------------------------------
-# The embedded task: 4x4 Sudoku (grids are 16-character strings, row-major, "0" = blank)
-
-
 def data_fingerprint(examples):
     """sha256 of the tokenised examples in order (token ids and prompt lengths): it changes with the file's content,
     its format, the tokenizer and --max-len, not with the file's path or date."""
     h = hashlib.sha256()
     for ids, prompt_len in examples:
-        ids = torch.as_tensor(ids, dtype=torch.int64)  # a list or data.load_dataset's int32 tensor, read in C
+        ids = torch.as_tensor(ids, dtype=torch.int64)  # a list or load_dataset's int32 tensor, read in C
         h.update(array.array("q", (len(ids), prompt_len)).tobytes())
         h.update(ids.numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+# -----------------------------------------------------------------------------
+# The embedded task: 4x4 Sudoku (grids are 16-character strings, row-major, "0" = blank)
 
 
 def sudoku_valid(grid):
@@ -821,20 +791,15 @@ def sudoku_grids():
     """All 288 valid 4x4 grids, in lexicographic order (depth-first fill, cells row-major, digits ascending)."""
     # for each cell, the earlier cells that share a unit with it
     earlier_peers = [sorted({j for unit in SUDOKU_UNITS if i in unit for j in unit if j < i}) for i in range(16)]
-    grids, cells = [], []
 
-    def fill(i):
+    def fill(cells):  # the valid grids that start with `cells`
+        i = len(cells)
         if i == 16:
-            grids.append("".join(cells))
-            return
-        for digit in "1234":
-            if all(cells[j] != digit for j in earlier_peers[i]):
-                cells.append(digit)
-                fill(i + 1)
-                cells.pop()
+            return [cells]
+        return [grid for digit in "1234" if all(cells[j] != digit for j in earlier_peers[i])
+                for grid in fill(cells + digit)]
 
-    fill(0)
-    return tuple(grids)
+    return tuple(fill(""))
 
 
 def sudoku_solutions(puzzle):
@@ -858,12 +823,11 @@ def make_puzzle(grid, n_blanks, generator, unique=True, max_tries=1000):
 
 
 def sudoku_split(n_train, n_test, n_blanks=8, seed=0, test_grids=0, unique=True):
-    """A seeded train / held-out split of distinct puzzles, no puzzle in both.
-
-    Returns (train, test), lists of (puzzle, solution). n_blanks is an int or an inclusive (low, high) range drawn
-    per puzzle. test_grids > 0 holds out that many whole solution grids: test puzzles come only from them and
-    train puzzles never do (a split by grid); 0 splits by puzzle (a test puzzle's grid may appear in training
-    under other blanks). The test set is drawn first, so it does not change with n_train."""
+    """A seeded train / held-out split of distinct puzzles, no puzzle in both: (train, test), lists of (puzzle,
+    solution). n_blanks is an int or an inclusive (low, high) range drawn per puzzle. test_grids > 0 holds out that
+    many whole solution grids: test puzzles come only from them and train puzzles never do (a split by grid); 0 splits
+    by puzzle (a test puzzle's grid may appear in training under other blanks). The test set is drawn first, so it
+    does not change with n_train."""
     generator = torch.Generator().manual_seed(seed)
     grids = sudoku_grids()
     if not 0 <= test_grids < len(grids):
@@ -875,19 +839,18 @@ def sudoku_split(n_train, n_test, n_blanks=8, seed=0, test_grids=0, unique=True)
     taken = set()  # every puzzle drawn so far, train and test
 
     def draw(pool, n):
-        out = []
-        for _ in range(10 * n + 1000):  # bounded: a request larger than the pool of puzzles fails, not hangs
-            if len(out) == n:
-                return out
+        out, tries = [], 10 * n + 1000  # bounded: a request larger than the pool of puzzles fails, not hangs
+        while len(out) < n and tries:
+            tries -= 1
             grid = pool[torch.randint(len(pool), (1,), generator=generator).item()]
             k = torch.randint(low, high + 1, (1,), generator=generator).item()
             puzzle = make_puzzle(grid, k, generator, unique)
             if puzzle not in taken:
                 taken.add(puzzle)
                 out.append((puzzle, grid))
-        if len(out) == n:
-            return out
-        raise ValueError(f"could not draw {n} distinct puzzles from {len(pool)} grids with {n_blanks} blanks")
+        if len(out) < n:
+            raise ValueError(f"could not draw {n} distinct puzzles from {len(pool)} grids with {n_blanks} blanks")
+        return out
 
     test = draw(test_pool, n_test)
     return draw(train_pool, n_train), test
@@ -898,65 +861,42 @@ def sudoku_messages(puzzle):
     return [{"role": "user", "content": SUDOKU_TASK_PROMPT.format(puzzle=puzzle)}]
 
 
-def sudoku_answer(solution):
-    return SUDOKU_ANSWER.format(solution=solution)
-
-
 def sudoku_examples(tokenizer, pairs):
     """[(puzzle, solution)] -> training examples [(ids, prompt_len)]."""
-    return encode_examples(tokenizer, [(sudoku_messages(p), sudoku_answer(s)) for p, s in pairs])
+    return encode_examples(tokenizer, [(sudoku_messages(p), SUDOKU_ANSWER.format(solution=s)) for p, s in pairs])
 
 
 def make_char_tokenizer(chars=None, family="llada"):
-    """A character-level tokenizer for the embedded task: one token per character of `chars` (ids 0..), then
-    LLaDA's special tokens (family "dream": Dream's, for its ChatML format) as added special tokens, matched in text.
-    Save it with
-    `tokenizer.save(str(folder / "tokenizer.json"))` beside the checkpoint; load_tokenizer reads it back.
-    Encoding a character outside `chars` raises (WordLevel has no unknown token)."""
-    chars = chars or (DREAM_CHAR_VOCAB if family == "dream" else CHAR_VOCAB)
-    tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}))
+    """A character-level tokenizer for the embedded task: one token per character of `chars` (ids 0..), then the
+    family's chat format's special tokens (FAMILY_CHAT_FORMAT: "dream" is ChatML's) as added tokens, matched in text.
+    Save it with `tokenizer.save(str(folder / "tokenizer.json"))`; load_tokenizer reads it back. Encoding a character
+    outside `chars` raises (WordLevel has no unknown token)."""
+    fmt = CHAT_FORMATS[FAMILY_CHAT_FORMAT.get(family, "llada")]
+    tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars or fmt.chars)}))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every char alone
     tokenizer.decoder = decoders.Fuse()  # decode joins the characters back without spaces
-    specials = DREAM_SPECIAL_TOKENS if family == "dream" else SPECIAL_TOKENS
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in fmt.specials])
     return tokenizer
 
 
 def tiny_config_for(tokenizer, **model_sizes):
-    """An LLaDAConfig for a tokenizer that carries LLaDA's special tokens (e.g. make_char_tokenizer()), or Dream's
-    (make_char_tokenizer(family="dream"): a Dream-v0 config, q/k/v biases, rope theta 1e6, rms eps 1e-6): mask and
-    eos = pad ids from it, vocab_size = embedding_size = its size rounded up to a multiple of 8. model_sizes are
-    LLaDAConfig fields (d_model, n_heads, n_layers, mlp_hidden_size, max_sequence_length, ...)."""
+    """An LLaDAConfig for a tokenizer with LLaDA's special tokens (make_char_tokenizer()), or Dream's (a ChatML one: a
+    Dream-v0 config, CHAT_FORMATS' tiny_model): mask and eos = pad ids from it, vocab_size = embedding_size = its size
+    rounded up to a multiple of 8. model_sizes are LLaDAConfig fields (d_model, n_heads, n_layers, ...)."""
     from model import LLaDAConfig  # imported here so data.py works on its own
 
+    fmt = CHAT_FORMATS[chat_format(tokenizer)]
     vocab = -(-tokenizer.get_vocab_size(with_added_tokens=True) // 8) * 8
     eos = _token_id(tokenizer, EOS)
-    if chat_format(tokenizer) == "chatml":
-        model_sizes = dict(dict(model_type="Dream", include_qkv_bias=True, rope_theta=1e6, rms_norm_eps=1e-6),
-                           **model_sizes)
-        mask = _token_id(tokenizer, DREAM_MASK)
-    else:
-        mask = _token_id(tokenizer, MASK)
+    mask = _token_id(tokenizer, fmt.mask)
     return LLaDAConfig(vocab_size=vocab, embedding_size=vocab, mask_token_id=mask, eos_token_id=eos, pad_token_id=eos,
-                       **model_sizes)
+                       **(fmt.tiny_model | model_sizes))
 
-
-# -----------------------------------------------------------------------------
-# The embedded task's data: what `python gift.py` trains on with no --model (a tiny LLaDA learns 4x4 Sudoku)
-
-# training puzzles; the held-out ones (gift.py --eval-puzzles, 8 blanks as d1's) come from `test_grids` of the 288
-# solution grids, which training never sees
-EMBEDDED_PUZZLES = dict(n_train=19200, n_blanks=(2, 8), test_grids=32)  # 300 steps of 64 per epoch
-# the answer "<answer>{16 digits}</answer><|eot_id|>" is 34 tokens: generate exactly that, one token per step. Saved
-# in every exported model folder (generation_defaults.json), with the held-out puzzles, for sample.py and eval.py
-EMBEDDED_EVAL = dict(task="sudoku", prompt_style="plain", gen_length=34, block_length=34, steps=34,
-                     test_data="sudoku_heldout.csv")
 
 
 def embedded_task(seed, eval_puzzles):
-    """The embedded task's data: a char-level tokenizer with LLaDA's special tokens, training examples, and
-    `eval_puzzles` held-out (puzzle, solution) pairs, split by solution grid: the held-out puzzles come from grids
-    that no training puzzle comes from (the same seed draws the same grid split in both calls)."""
+    """The embedded task's data: make_char_tokenizer(), training examples, and `eval_puzzles` held-out (puzzle,
+    solution) pairs from solution grids no training puzzle comes from (one seed, one grid split, in both calls)."""
     tokenizer = make_char_tokenizer()
     n_train, n_blanks, test_grids = (EMBEDDED_PUZZLES[k] for k in ("n_train", "n_blanks", "test_grids"))
     train_pairs, _ = sudoku_split(n_train, 0, n_blanks, seed=seed, test_grids=test_grids)
@@ -993,8 +933,7 @@ def main():
         tokenizer = make_char_tokenizer()
         train, _ = sudoku_split(n_train=4, n_test=4)
         examples = sudoku_examples(tokenizer, train)
-    ids, prompt_len = examples[0]
-    ids = [int(i) for i in ids]
+    ids, prompt_len = [int(i) for i in examples[0][0]], examples[0][1]
     print(f"first example: {len(ids)} tokens, {prompt_len} in the prompt")
     print("--- prompt ---\n" + tokenizer.decode(ids[:prompt_len], skip_special_tokens=False))
     print("--- answer ---\n" + tokenizer.decode(ids[prompt_len:], skip_special_tokens=False))

@@ -11,13 +11,12 @@ with Dream's own diffusion_generate instead.
     torchrun --nproc_per_node 8 eval.py --model DIR [--adapter DIR] --task gsm8k --data gsm8k_test.jsonl \\
         [--shots 5 --shot-data gsm8k_train.jsonl] [--seeds 0 1 2] [--out results.json]
     python eval.py --model DIR --task sudoku --data sudoku_4x4_test.csv --prompt-style plain   # one process
-
-The sampler's flags (--gen-length ... --top-k) are sample.py's, from one declared sample.SamplerOptions.
-gift.py's embedded task reports its held-out accuracy with evaluate_embedded.
+    python eval.py --harness --model DIR --tasks arc_easy,gsm8k   # lm-evaluation-harness's tasks (GiftLM, at the end)
 """
 
 import argparse
 import ast
+import contextlib
 import csv
 import hashlib
 import io
@@ -32,7 +31,8 @@ import statistics
 import sys
 import time
 import warnings
-from dataclasses import fields, replace
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -41,11 +41,20 @@ import torch.distributed as dist
 
 from data import (BOS, BadRow, chat_format, chat_prompt, check_chat_tokens, check_mask_token, data_text, encode,
                   encode_text, json_row, load_tokenizer, mask_in_text, read_data_file, unencodable_characters)
-from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, compute_dtype, end_distributed,
-                   folder_fingerprint, generation_defaults, lock_file, merge_lora, run_command_line, setup_distributed)
-from sample import (SamplerOptions, add_sampler_flags, check_adapter, check_lengths, check_sampler_choice,
-                    check_sampler_options, check_step_count, decode_until_stop, folder_defaults, generate,
-                    generate_with_options, load_weights, locate_model, options_from_flags)
+from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, compute_dtype, end_distributed, find_model,
+                   folder_fingerprint, generation_defaults, load_weights, lock_file, merge_lora, run_command_line,
+                   setup_distributed)
+from sample import (SamplerOptions, add_sampler_flags, check_adapter, check_sampler_choice, check_step_count,
+                    decode_until_stop, folder_defaults, generate, generate_with_options, options_from_flags)
+
+try:  # lm-evaluation-harness, optional: GiftLM (its model "gift") and eval.py --harness need it
+    import lm_eval.models  # noqa: F401  the harness's own models, registered first (lazily), stay available
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import model_registry
+    HARNESS_MISSING = None
+except ImportError as e:  # then eval.GiftLM and eval.py --harness say how to install it, in one line
+    LM, HARNESS_MISSING = object, (f"lm-evaluation-harness is not installed ({e}); install it with: "
+                                   "pip install -r requirements-extras.txt (lm-eval==0.4.13)")
 
 # -----------------------------------------------------------------------------
 # Protocol constants (d1, github.com/dllm-reasoning/d1, eval/{gsm8k,math500,countdown,sudoku}.py, commit 837888f).
@@ -85,8 +94,6 @@ ASSISTANT_PREFIX = "<reasoning>"  # d1 appends it after the assistant header: th
 
 GEN_LENGTH = dict(sudoku=512, countdown=512, gsm8k=256, math500=256)  # d1's defaults (the paper's tables)
 BLOCK_LENGTH = 32  # steps default to gen_length // 2 (two tokens unmasked per step)
-SUDOKU_SUBSET = 256  # d1 grades 256 of the 500 test puzzles: np.random.seed(42); np.random.choice(500, 256, ...)
-SUDOKU_SUBSET_SEED = 42
 PROMPT_STYLES = ("d1", "plain")  # plain: the question alone, nothing after the assistant header (embedded task)
 
 # -----------------------------------------------------------------------------
@@ -95,14 +102,12 @@ PROMPT_STYLES = ("d1", "plain")  # plain: the question alone, nothing after the 
 
 
 def _file_text(path, raw=None):
-    """The data file's text, from raw (its bytes, as load_data read them) or read now, through data.py's checks of
-    every data file (a regular file, of bounded size, UTF-8)."""
+    """The data file's text, from raw (its bytes, as load_data read them) or read now, through data.py's checks."""
     return data_text(path, read_data_file(path) if raw is None else raw)
 
 
 def _jsonl_rows(path, raw=None):
-    """(line number, object) for each non-blank line; a bad line (invalid JSON, not an object, a key given twice,
-    nested too deep) raises naming the file and line."""
+    """(line number, object) per non-blank line; a bad line (not JSON, not an object, ...) raises naming it."""
     for line_no, line in enumerate(io.StringIO(_file_text(path, raw), newline=None), start=1):  # as open() reads
         if not line.strip():
             continue
@@ -124,9 +129,8 @@ def _field(row, key, path, line_no, hint=""):
 
 
 def parse_gsm8k_gold(answer):
-    """The number after "####", commas removed. Unlike d1 (regex `####\\s*\\$?([\\d,]+(?:\\.\\d+)?)`, which misses the
-    sign and so marks the two negative golds of the test set, -10 and -3, wrong whatever the model says), the
-    sign is kept. None when there is no number."""
+    """The number after "####", commas removed, its sign kept (unlike d1: see the GSM8K notes above the graders);
+    None when there is no number."""
     m = re.search(r"####\s*\$?(-?[\d,]+(?:\.\d+)?)", answer)
     return float(m.group(1).replace(",", "")) if m else None
 
@@ -173,17 +177,15 @@ def load_countdown(path, raw=None):
     return items
 
 
-def sudoku_subset(n_rows, k=SUDOKU_SUBSET, seed=SUDOKU_SUBSET_SEED):
-    """d1's evaluation subset: np.random.seed(42); np.random.choice(n, 256, replace=False) (legacy RandomState),
-    in that order. For d1's 500-puzzle file it starts 361, 73, 374, 155, ...; files with fewer than k rows are
-    only shuffled."""
+def sudoku_subset(n_rows, k=256, seed=42):
+    """d1's evaluation subset, 256 of the 500 test puzzles in this order: np.random.seed(42); np.random.choice(n, 256,
+    replace=False) (legacy RandomState). For d1's file it starts 361, 73, 374, 155, ...; fewer rows are shuffled."""
     return np.random.RandomState(seed).choice(n_rows, min(k, n_rows), replace=False).tolist()
 
 
 def load_sudoku(path, subset=True, raw=None):
-    """Sudoku CSV with header Puzzle,Solution: 16-character strings read as text (leading zeros matter), 0 = blank.
-    subset=True keeps d1's 256 puzzles in d1's order. A spreadsheet's UTF-8 byte order mark and CRLF line ends are
-    read as training reads them (utf-8-sig)."""
+    """Sudoku CSV with header Puzzle,Solution: 16-character strings read as text (leading zeros matter), 0 = blank;
+    subset=True keeps d1's 256 puzzles in d1's order (sudoku_subset)."""
     rows = []
     with io.StringIO(_file_text(path, raw), newline="") as f:
         reader = csv.DictReader(f)
@@ -214,21 +216,10 @@ def load_benchmark(task, path, raw=None):
 
 # -----------------------------------------------------------------------------
 # Prompts. d1 style: user turn = instruction + "\n\n" + question, chat template, then "<reasoning>". Plain style
-# (the embedded tiny-model Sudoku task, trained on "<answer>{16 digits}</answer>"): user turn = the question alone,
-# nothing after the assistant header.
-#
-# Few-shot (the paper's 5-shot appendix; d1's few-shot code was broken): K solved examples go in the same user
-# turn, between the instruction and the question, each as
-#     Example question:\n{question}\nExample response:\n{response}\n\n
-# then "Question:\n{question}". {response} is a complete answer in the instruction's format,
-# "<reasoning>\n{reasoning}\n</reasoning>\n<answer>\n{final}\n</answer>" (plain style: "<answer>{final}</answer>"),
-# with {reasoning} the data's worked solution (GSM8K without its <<calculator>> notes, MATH's "solution") or a
-# one-line check (Countdown: "{expression} = {target}", Sudoku: "The completed grid is {solution}.") and {final}
-# "\boxed{gold}" (Countdown: a solution found by brute force; Sudoku: the solution string).
-
-
-def _number_text(x):
-    return str(int(x)) if float(x).is_integer() else str(x)
+# (the embedded tiny-model Sudoku task, trained on "<answer>{16 digits}</answer>"): the question alone.
+# Few-shot (the paper's 5-shot appendix; d1's few-shot code was broken): K solved examples in the same user turn,
+# between the instruction and the question, each a complete answer in the instruction's format (shot_response), its
+# reasoning the data's worked solution or, where the data has none (Countdown, Sudoku), a one-line check.
 
 
 def solve_countdown(numbers, target):
@@ -251,9 +242,11 @@ def solve_countdown(numbers, target):
 
 
 def shot_response(task, item, style="d1"):
-    """A full model answer for a solved example (see the few-shot format above)."""
+    """A full model answer for a solved example: its reasoning and "\\boxed{gold}" (Countdown: an expression found by
+    brute force; Sudoku: the solution string, not boxed) in the instruction's format."""
     if task in ("gsm8k", "math500"):
-        gold = _number_text(item["gold"]) if task == "gsm8k" else item["gold"]
+        gold = item["gold"]  # GSM8K's a number: 18.0 is written 18
+        gold = str(int(gold)) if task == "gsm8k" and float(gold).is_integer() else str(gold)
         final, reasoning = "\\boxed{" + gold + "}", item.get("reasoning", "")
     elif task == "countdown":
         expression = solve_countdown(item["numbers"], item["target"])
@@ -270,9 +263,8 @@ def shot_response(task, item, style="d1"):
 
 
 def build_prompt(task, item, style="d1", shots=(), fmt="llada"):
-    """The prompt text for one item: chat template around one user turn (see above). shots: solved items. fmt: the
-    model's chat format, data.chat_format(tokenizer): "llada", or "chatml" for Dream (d1's "<reasoning>" then
-    follows ChatML's assistant header)."""
+    """The prompt text for one item (see above); shots: solved items; fmt: data.chat_format(tokenizer), "llada" or
+    Dream's "chatml" (d1's "<reasoning>" then follows ChatML's assistant header)."""
     if style not in PROMPT_STYLES:
         raise ValueError(f"unknown prompt style {style!r}; choose one of {PROMPT_STYLES}")
     user = "".join(f"Example question:\n{s['question'].strip()}\nExample response:\n{shot_response(task, s, style)}\n\n"
@@ -303,10 +295,9 @@ def pick_shots(shot_items, k, seed):
 #            -?\d+\.?\d* match; so "\boxed{18 dollars}" is 18 but "\boxed{x = 5, y = 3}" is 5 and
 #            "\boxed{1,000}" is 1 (the comma stops the number).
 #          - no box number: the first <answer>...</answer> (across lines), stripped: float, else its LAST number.
-#          - the gold from "####" loses its sign in d1 (its regex has no "-"), so the two negative-gold problems
-#            (-10, -3) are always wrong there. parse_gsm8k_gold keeps the sign: a DIFFERENCE from d1. Both problems
-#            are among d1's 1130 stored generations and LLaDA-8B-Instruct answers them right (2, 2, 1 of the 2 at
-#            gen length 128 / 256 / 512), so our gold gives 69.5 / 76.5 / 78.2 there instead of d1's 69.3 / 76.4 / 78.1.
+#          - a DIFFERENCE: d1's gold from "####" loses its sign (its regex has no "-"), so the two negative golds
+#            (-10, -3) are always wrong there; parse_gsm8k_gold keeps it. On d1's stored generations LLaDA-8B-Instruct
+#            answers them right (2, 2, 1 of 2 at gen length 128/256/512): 69.5/76.5/78.2 here, 69.3/76.4/78.1 in d1.
 #   MATH   - last_boxed_only_string: if "\boxed " (with a space) occurs anywhere, the text after its last
 #            occurrence up to the next "$" is the answer, even if a later "\boxed{...}" exists.
 #          - otherwise the last "\boxed" (else last "\fbox") with braces counted from there; no box at all means the
@@ -323,24 +314,21 @@ def pick_shots(shot_items, k, seed):
 #          - valid iff the sorted integers in it (\d+, so "2.5" counts as 2 and 5) equal the sorted given numbers.
 #          - evaluated as Python arithmetic would (only digits, + - * / ( ) . and white space allowed): "**" is a
 #            power, "//" floor division, "07" a syntax error, leading spaces and tabs ignored. d1 calls eval(); we
-#            walk the ast with a whitelist instead, and count powers with results above 2**100000 bits as errors
-#            (eval would hang or run out of memory; such a value can never be within 1e-5 of the target).
-#          - correct iff |value - target| < 1e-5; any error counts as a miss.
-#   Sudoku - the answer is the first NON-EMPTY (after strip) capture of five patterns in order, all with DOTALL
-#            (see SUDOKU_PATTERNS); white space removed, then padded with "0" or cut to 16 characters (so a
-#            too-long or shifted answer is scored cell by cell as is).
-#          - score = correct cells among the puzzle's empty cells; accuracy = total correct / total empty cells
-#            over all puzzles (not solved puzzles).
+#            walk the ast instead (eval_arithmetic), a power above 2**100000 bits an error (never the target).
+#   Sudoku - the first NON-EMPTY (after strip) capture of SUDOKU_PATTERNS in order, all DOTALL, white space removed,
+#            padded with "0" or cut to 16 characters: a too-long or shifted answer is scored cell by cell as is.
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 NUMBER = re.compile(r"-?\d+\.?\d*")
 
 
-def _float_or_none(text):
+def _number(text, which):
+    """float(text), else its first (which=0) or last (which=-1) NUMBER, else None."""
     try:
         return float(text)
     except ValueError:
-        return None
+        found = NUMBER.findall(text)
+        return float(found[which]) if found else None
 
 
 def grade_gsm8k(generation, gold):
@@ -348,20 +336,14 @@ def grade_gsm8k(generation, gold):
     pred = None
     for box in re.findall(r"\\boxed{(.*?)}", generation):
         box = box.strip()
-        if not box or box == "..." or re.match(r"^\.+$", box):
-            continue
-        pred = _float_or_none(box)
-        if pred is None and NUMBER.findall(box):
-            pred = float(NUMBER.findall(box)[0])
-        if pred is not None:
-            break
+        if box and not re.match(r"^\.+$", box):  # empty, "..." or only dots: skipped
+            pred = _number(box, 0)
+            if pred is not None:
+                break
     if pred is None:
         m = ANSWER_TAG.search(generation)
         text = m.group(1).strip() if m else ""
-        if text:
-            pred = _float_or_none(text)
-            if pred is None and NUMBER.findall(text):
-                pred = float(NUMBER.findall(text)[-1])
+        pred = _number(text, -1) if text else None
     return pred is not None and pred == float(gold)
 
 
@@ -387,8 +369,8 @@ def last_boxed(text):
     return None
 
 
-# Hendrycks et al.'s MATH normalisation (github.com/hendrycks/math, math_equivalence.py), step by step. The helpers
-# raise on inputs they cannot handle; strip_string lets that propagate and math_equiv compares raw strings then.
+# Hendrycks et al.'s MATH normalisation (github.com/hendrycks/math, math_equivalence.py), step by step; a step that
+# raises makes math_equiv compare the raw strings.
 
 def _fix_fracs(string):
     """\\frac12 -> \\frac{1}{2}, \\frac1b -> \\frac{1}{b}, \\frac1{72} -> \\frac{1}{72}."""
@@ -518,9 +500,8 @@ def grade_countdown(generation, numbers, target):
     m = re.search(r"([0-9+\-*/() ]+)=[0-9. ]+", equation)
     if m:
         equation = m.group(1).strip()
-    if sorted(int(n) for n in re.findall(r"\d+", equation)) != sorted(numbers):
-        return False
-    if not re.match(r"^[\d+\-*/().\s]+$", equation):
+    used = sorted(int(n) for n in re.findall(r"\d+", equation))  # "2.5" counts as 2 and 5
+    if used != sorted(numbers) or not re.match(r"^[\d+\-*/().\s]+$", equation):
         return False
     try:
         value = eval_arithmetic(equation)
@@ -548,8 +529,7 @@ def extract_sudoku(generation):
 
 
 def grade_sudoku(generation, puzzle, solution):
-    """(correct cells, empty cells): the puzzle's empty cells that the answer (padded with "0" / cut to 16) fills
-    as in the solution."""
+    """(correct cells, empty cells): the puzzle's blanks that the answer (padded with "0" / cut to 16) fills right."""
     empty = [i for i in range(16) if puzzle[i] == "0"]
     answer = extract_sudoku(generation)
     if not answer:
@@ -591,29 +571,15 @@ def rank_and_world():
 
 
 def item_generator(seed, index, device):
-    """The sampling noise of item `index` under `seed` (temperature > 0) comes from its own generator: a resumed
-    or re-batched run draws the same noise for it."""
+    """Item `index`'s own generator under `seed`: a resumed or re-batched run draws the same noise for it."""
     return torch.Generator(device).manual_seed(seed * 1_000_003 + index)
 
 
-def batch_generators(options, seed, idx, device):
-    """The generator(s) of a batch of items idx: the block sampler's draws (its noise at temperature > 0, its
-    remasking order with --remasking random, even when greedy) come from each item's own, so that a resumed or
-    re-batched run draws the same for it; Dream's sampler draws over the whole batch (origin draws even when greedy),
-    from one generator, its first item's: the same batch (batches are fixed by --batch-size, a setting of the run)
-    draws the same noise."""
-    if options.sampler == "dream":
-        return item_generator(seed, idx[0], device)
-    draws = options.temperature > 0 or options.remasking == "random"
-    return [item_generator(seed, i, device) for i in idx] if draws else None
-
-
 def d1_options(options, task):
-    """The sampler options with d1's protocol where a length is unset: the task's gen_length (GEN_LENGTH), block
-    length 32, steps = gen_length / 2 (two tokens unmasked per step)."""
+    """The options, d1's protocol where a length is unset: the task's GEN_LENGTH, block 32, steps = gen_length / 2."""
     gen_length = options.gen_length or GEN_LENGTH[task]
     return replace(options, gen_length=gen_length, steps=options.steps or gen_length // 2,
-                   block_length=options.block_length or BLOCK_LENGTH)
+                   block_length=options.block_length or BLOCK_LENGTH, source="flags")
 
 
 def left_padded(prompts, pad_id):
@@ -628,9 +594,23 @@ def left_padded(prompts, pad_id):
     return ids, attention_mask
 
 
+def sample_answers(model, prompts, options, seed, idx):
+    """The answers (B, gen_length) to the token-id prompts of items idx. The block sampler draws (its noise at
+    temperature > 0, its order with --remasking random) from each item's own generator; Dream's sampler draws over the
+    whole batch (origin even when greedy), from its first item's: the same batch (--batch-size) draws the same again."""
+    device = next(model.parameters()).device
+    prompt, attention_mask = left_padded(prompts, model.config.pad_token_id)  # (B, P)
+    generators = None
+    if options.sampler == "dream":
+        generators = item_generator(seed, idx[0], device)
+    elif options.temperature > 0 or options.remasking == "random":
+        generators = [item_generator(seed, i, device) for i in idx]
+    out = generate_with_options(model, prompt.to(device), attention_mask.to(device), options, generators)
+    return out[:, prompt.shape[1]:]
+
+
 def encoded_prompts(tokenizer, task, items, prompt_style, shots, gen_length, context):
-    """Each item's prompt as token ids; a prompt that leaves no room for the gen_length answer tokens in the model's
-    context is refused, naming the item."""
+    """Each item's prompt as token ids; one that leaves no room in the context for gen_length tokens is refused."""
     fmt = chat_format(tokenizer)
     prompts = [encode(tokenizer, build_prompt(task, item, prompt_style, shots, fmt)) for item in items]
     for i, ids in enumerate(prompts):
@@ -641,9 +621,8 @@ def encoded_prompts(tokenizer, task, items, prompt_style, shots, gen_length, con
 
 
 def graded_records(tokenizer, task, items, idx, answers, seed, done):
-    """The records of the batch's items `idx` not graded before (`done`): each answer, answers (B, gen_length) token
-    ids, decoded with its special tokens ("<|eot_id|>", "<|endoftext|>") as d1 stores and grades it, then the item's
-    gold fields and its grade."""
+    """The records of the batch's items `idx` not graded before (`done`): each answer (B, gen_length), decoded with
+    its special tokens ("<|eot_id|>", "<|endoftext|>") as d1 stores and grades it, the item's gold fields, its grade."""
     new = []
     for r, i in enumerate(idx):
         if i in done:  # a batch partly done before (a rerun with a larger --limit): its old record stays
@@ -655,35 +634,24 @@ def graded_records(tokenizer, task, items, idx, answers, seed, done):
     return new
 
 
-def gather_records(new, rank, world):
-    """Rank 0: every rank's records of this round, in rank order; the other ranks: []. One process: new as is."""
-    if world == 1:
-        return new
-    gathered = [None] * world if rank == 0 else None
-    dist.gather_object(new, gathered, dst=0)
-    return [r for part in gathered for r in part] if rank == 0 else []
+@dataclass
+class SeedRun:
+    """What the command line adds to an evaluate() call, one per --seeds seed; the defaults are a library call's."""
+    seed: int = 0  # each item's sampling noise comes from item_generator(seed, index); recorded with each item
+    shots: tuple = ()  # solved examples put before each question (pick_shots)
+    done: dict = None  # {index: record} graded before (a resumed run): a batch whose items are all done is skipped
+    on_batch: Callable = None  # called on rank 0 with each round's new records, as soon as they exist (streaming)
+    log_every: int = 0  # N > 0: a progress line every N rounds and at the last, on rank 0 (tokens/s, accuracy, ETA)
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, prompt_style="d1", shots=(), seed=0,
-             log_every=0, done=None, on_batch=None):
-    """Generate an answer for every item and grade it. Returns (accuracy in %, records sorted by item) on rank 0
-    and (None, None) on the other ranks; without torch.distributed (or one rank) it is a plain function.
-
-    sampler_options: a sample.SamplerOptions (None: d1's protocol, greedy); its unset lengths are d1's for the task
-    (d1_options). No cache and no threshold is sample.generate, the exact sampler; else sample.generate_cached;
-    sampler "dream" is sample.diffusion_generate (a Dream model only).
-    The items are cut into fixed batches of batch_size consecutive items, batch k going to rank k % world: a batch
-    holds the same items whatever the number of ranks, so results do not depend on it. Prompts are left-padded
-    (pad_token_id) with an attention mask. Every rank runs the same number of batches (a rank with none left
-    repeats item 0 and drops the result), so a sharded model (FSDP) keeps its collectives in step.
-    Each item's sampling noise (temperature > 0) comes from item_generator(seed, index) (batch_generators).
-    done: {index: record} already graded (a resumed run): a batch whose items are all done is not generated again.
-    on_batch(records): called on rank 0 with each round's new records, as soon as they exist (streaming).
-    log_every: N > 0 = a progress line every N rounds and at the last, on rank 0: items done, generated tokens/s,
-    running accuracy, ETA. Under NCCL each rank must have called torch.cuda.set_device(local_rank) first
-    (gather_object needs it).
-    """
+def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, prompt_style="d1", run=None):
+    """Generate an answer for every item and grade it: (accuracy in %, records sorted by item) on rank 0, (None, None)
+    on the others; without torch.distributed a plain function. sampler_options: a sample.SamplerOptions (None: d1's
+    protocol, greedy), its unset lengths d1's (d1_options); run: a SeedRun (None: seed 0, no shots, nothing before).
+    Fixed batches of batch_size items, the k-th left to do on rank k % world: results do not depend on the number of
+    ranks; every rank runs as many batches (one with none left repeats item 0 and drops it), so a sharded model (FSDP)
+    keeps its collectives in step. Under NCCL each rank must have called torch.cuda.set_device(local_rank) first."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
     options = d1_options(sampler_options or SamplerOptions(), task)
@@ -691,33 +659,33 @@ def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, 
         raise ValueError(f"eval.py evaluate: batch_size {batch_size}: must be at least 1")
     rank, world = rank_and_world()
     raw = getattr(model, "module", model)  # DDP: call the real module (its forward would sync buffers)
-    device = next(raw.parameters()).device
-    prompts = encoded_prompts(tokenizer, task, items, prompt_style, shots, options.gen_length,
+    run = run or SeedRun()
+    prompts = encoded_prompts(tokenizer, task, items, prompt_style, run.shots, options.gen_length,
                               raw.config.max_sequence_length)
-    done = dict(done or {})
-    todo = [k for k in range(math.ceil(len(items) / batch_size))
-            if not all(i in done for i in range(k * batch_size, min(len(items), (k + 1) * batch_size)))]
+    done = dict(run.done or {})
+    batches = [list(range(k, min(len(items), k + batch_size))) for k in range(0, len(items), batch_size)]
+    todo = [idx for idx in batches if not all(i in done for i in idx)]
     rounds = math.ceil(len(todo) / world)  # the same on every rank
     was_training = raw.training
     raw.eval()  # LoRA dropout off
     records, start, generated = list(done.values()), time.time(), 0
     for round_ in range(rounds):
-        k = todo[round_ * world + rank] if round_ * world + rank < len(todo) else None
-        idx = list(range(k * batch_size, min(len(items), (k + 1) * batch_size))) if k is not None else []
-        prompt, attention_mask = left_padded([prompts[i] for i in idx or [0]], raw.config.pad_token_id)  # (B, P)
-        generators = batch_generators(options, seed, idx or [0], device)
-        out = generate_with_options(raw, prompt.to(device), attention_mask.to(device), options, generators)
-        new = graded_records(tokenizer, task, items, idx, out[:, prompt.shape[1]:], seed, done)  # (B, gen_length)
-        new = gather_records(new, rank, world)  # every round, so that rank 0 can stream them
+        idx = todo[round_ * world + rank] if round_ * world + rank < len(todo) else []
+        answers = sample_answers(raw, [prompts[i] for i in idx or [0]], options, run.seed, idx or [0])
+        new = graded_records(tokenizer, task, items, idx, answers, run.seed, done)
+        if world > 1:  # rank 0 gathers every rank's records of the round (in rank order), so that it can stream them
+            gathered = [None] * world if rank == 0 else None
+            dist.gather_object(new, gathered, dst=0)
+            new = [r for part in gathered for r in part] if rank == 0 else []
         records += new
         generated += len(idx) * options.gen_length
-        if rank == 0 and on_batch and new:
-            on_batch(new)
-        if rank == 0 and log_every and ((round_ + 1) % log_every == 0 or round_ == rounds - 1):
+        if rank == 0 and run.on_batch and new:
+            run.on_batch(new)
+        if rank == 0 and run.log_every and ((round_ + 1) % run.log_every == 0 or round_ == rounds - 1):
             elapsed = time.time() - start
             eta = elapsed / (round_ + 1) * (rounds - round_ - 1)
-            print(f"  seed {seed}: {len(records)}/{len(items)} items, {generated / max(elapsed, 1e-9):.0f} tokens/s, "
-                  f"accuracy so far {accuracy(task, records):.1f}%, ETA {eta / 60:.1f} min", flush=True)
+            print(f"  seed {run.seed}: {len(records)}/{len(items)} items, {generated / max(elapsed, 1e-9):.0f} "
+                  f"tokens/s, accuracy so far {accuracy(task, records):.1f}%, ETA {eta / 60:.1f} min", flush=True)
     raw.train(was_training)
     if rank != 0:
         return None, None
@@ -726,19 +694,16 @@ def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, 
 
 
 def evaluate_embedded(heldout, checkpoint, seed, device):
-    """Held-out Sudoku accuracy (d1's grader: correct cells among the blanks) of gift.py's embedded-task checkpoint
-    and, for scale, of the same architecture untrained (initialised from `seed`), sampled as the model folder's
-    generation_defaults.json says. heldout: (puzzle, solution) pairs; checkpoint: the checkpoint folder (its model/).
-    Every rank loads the saved folder and grades a slice; returns {"untrained": ..., "trained": ...} on rank 0 ({}
-    on the others) and prints one line for each."""
+    """Held-out Sudoku accuracy (d1's cells among the blanks) of gift.py's embedded-task checkpoint folder and, for
+    scale, of the same architecture untrained (from `seed`), sampled as its generation_defaults.json says; heldout:
+    (puzzle, solution) pairs. Rank 0 prints a line each and returns {"untrained": ..., "trained": ...}, others {}."""
     folder = Path(checkpoint) / "model"
     items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
     trained = LLaDA.from_pretrained(folder, device=device)
     tokenizer = load_tokenizer(folder)
     untrained = LLaDA(trained.config).init_weights(torch.Generator().manual_seed(seed)).to(device)
     defaults = generation_defaults(folder)  # the embedded task's: plain prompts, one 34-token block in 34 steps
-    options = SamplerOptions(gen_length=defaults["gen_length"], steps=defaults["steps"],
-                             block_length=defaults["block_length"])
+    options = SamplerOptions(**{k: defaults[k] for k in ("gen_length", "steps", "block_length")})
     results = {}
     for name, model in (("untrained", untrained), ("trained", trained)):
         t0 = time.time()
@@ -759,30 +724,24 @@ def evaluate_embedded(heldout, checkpoint, seed, device):
 FINGERPRINTS = ("model_fingerprint", "adapter_fingerprint")  # of the weights the records were generated with
 
 
-def adapter_fingerprint(folder):
-    """sha256 (16 hex digits) of a LoRA adapter folder's adapter_config.json and adapter_model.safetensors, whole
-    (an adapter is small beside its base): records made with another adapter at the same path are told apart."""
-    h = hashlib.sha256()
-    for name in ("adapter_config.json", "adapter_model.safetensors"):
-        h.update(name.encode() + (Path(folder) / name).read_bytes())
-    return h.hexdigest()[:16]
-
-
 def read_records(path, settings):
-    """The graded records already in `path` (JSON lines), after a check that they were made with `settings`. A torn
-    last line (a kill in mid-write) is cut off the file. {(seed, index): record}.
-    The weights' fingerprints (FINGERPRINTS) must match too, where both the record and `settings` have one (the
-    adapter's: with an adapter): the same model path retrained gives other generations."""
+    """Rank 0: the records an earlier run of this command left in `path` (JSON lines), {(seed, index): record}, after a
+    check that they were made with `settings` and, where both have them, the same weights (FINGERPRINTS: the same path
+    retrained gives other generations); it says how many. A torn last line (a kill in mid-write) is cut off the file."""
+    if path is None:
+        print("no --out: the generations are not saved, and an interrupted run cannot continue", flush=True)
+        return {}
     if not path.exists():
         return {}
-    records, good_bytes = {}, 0
+    records = {}
     with open(path, "rb") as f:
         lines = f.readlines()
     for n, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            if n == len(lines):  # torn by a kill: drop it, the batch is generated again
+            if n == len(lines):  # torn by a kill: cut off, the batch is generated again
+                os.truncate(path, sum(map(len, lines[:-1])))
                 break
             raise ValueError(f"{path}, line {n}: not a JSON record; move the file away to start over")
         if not (isinstance(record, dict) and isinstance(record.get("settings"), dict)
@@ -803,10 +762,8 @@ def read_records(path, settings):
             raise SystemExit(f"eval.py: {path} holds generations made with other settings ({what}); use another "
                              "--out, or delete the file to start over")
         records[record["seed"], record["index"]] = record
-        good_bytes += len(line)
-    if good_bytes < sum(len(line) for line in lines):
-        with open(path, "r+b") as f:
-            f.truncate(good_bytes)
+    if records:
+        print(f"{path}: {len(records)} graded items found; generating the rest", flush=True)
     return records
 
 
@@ -814,9 +771,8 @@ SUMMARY_FIELDS = ("task", "accuracy_mean", "n_items", "runs")  # what report() w
 
 
 def check_summary(out, settings=None):
-    """An --out file that exists must be an eval.py summary (report()) and, once the settings are known, one of the
-    records this run makes (the same settings): anything else, a user's file or gift.py's results.json, would be
-    replaced by the new summary. A ValueError naming the file otherwise."""
+    """A ValueError naming the file unless an existing --out is an eval.py summary (report()) and, once the settings
+    are known, of these settings: anything else (a user's file, gift.py's results.json) would be replaced."""
     if not out.exists():
         return
     try:
@@ -876,8 +832,7 @@ def make_parser():
 
 
 def parse_args(argv=None):
-    """eval.py's flags, their values checked before anything is read (a one-line error naming the flag). Returns
-    (parser, args), args.options holding the sampler's (sample.SamplerOptions, lengths unset where not given)."""
+    """(parser, args): the flags, their values checked before anything is read (a one-line error naming the flag)."""
     p = make_parser()
     args = p.parse_args(argv)
     if args.shots < 0:
@@ -889,7 +844,7 @@ def parse_args(argv=None):
         if value is not None and value < 1:
             p.error(f"--{flag.replace('_', '-')} {value}: must be at least 1")
     try:
-        check_sampler_options(options_from_flags(args))
+        options_from_flags(args)  # the flags' values, checked (SamplerOptions)
     except ValueError as e:
         p.error(str(e))
     if len(set(args.seeds)) < len(args.seeds):
@@ -901,12 +856,11 @@ def parse_args(argv=None):
 
 
 def resolve_model(p, args):
-    """The model folder (a run or checkpoint folder finds its model) and adapter, and what the folder's
-    generation_defaults.json says for this task, or for every task when it names none (the test file, the prompt
-    style, the sampler's options), else d1's protocol; the options checked. Sets args.folder, .adapter, .data,
-    .prompt_style, .options."""
+    """Sets args.folder and .adapter (a run or checkpoint folder finds its model), and .data, .prompt_style and
+    .options (checked): a flag, else the folder's generation_defaults.json for this task (or for every task when it
+    names none), else d1's protocol."""
     try:
-        args.folder, adapter = locate_model(args.model)
+        args.folder, adapter = find_model(args.model)
         defaults = folder_defaults(args.folder)
         args.adapter = args.adapter or adapter
         check_adapter(args.folder, args.adapter)  # a merged export with its own adapter, an adapter on another base
@@ -921,20 +875,18 @@ def resolve_model(p, args):
             p.error(f"--data: give the {args.task} test file (the model folder names none for this task)")
         args.data = str(args.folder / defaults["test_data"])
     args.prompt_style = args.prompt_style or defaults.get("prompt_style", "d1")
-    o = d1_options(options_from_flags(args, defaults), args.task)  # a flag, else the folder's, else d1's protocol
     try:
+        o = d1_options(options_from_flags(args, defaults), args.task)  # a flag, else the folder's, else d1's protocol
         check_sampler_choice(args, o, args.folder)
-        check_step_count(o, given=args.steps is not None)
-        check_lengths(o)  # as the sampler would after the model loads (the context: load_data, after --out)
+        check_step_count(o, given=args.steps is not None)  # the context is load_data's check, after --out
     except ValueError as e:
         p.error(str(e))
     args.options = o
 
 
 def seed_free(args):
-    """True when the generations cannot depend on the seed: no few-shot draw, and a sampler that draws nothing
-    (the block sampler greedy with low-confidence remasking; Dream's greedy with a confidence-ordered alg, no
-    alg_temp)."""
+    """True when the generations cannot depend on the seed: no few-shot draw, and a sampler that draws nothing (the
+    block sampler greedy with low-confidence remasking; Dream's greedy with a confidence-ordered alg, no alg_temp)."""
     o = args.options
     if args.shots or o.temperature > 0:
         return False
@@ -954,8 +906,7 @@ def warn_seed_free(args, rank):
 
 def open_output(p, args):
     """--out checked before the model loads, and the records file beside it (.jsonl) created; rank 0 locks it (one
-    eval per output file, as gift.py's one run per folder; the kernel drops the lock however the process ends).
-    Returns (summary path, records path, the lock's open file); Nones without --out."""
+    eval per output file, as gift.py's one run per folder). Returns (summary, records, lock); Nones without --out."""
     if not args.out:
         return None, None, None
     out = Path(args.out)
@@ -969,11 +920,10 @@ def open_output(p, args):
                     "name another summary file")
     try:
         check_summary(out)
-    except ValueError as e:
-        p.error(str(e))
-    try:
         out.parent.mkdir(parents=True, exist_ok=True)
         open(records_path, "a").close()
+    except ValueError as e:
+        p.error(str(e))
     except OSError as e:
         p.error(f"--out {args.out}: cannot write {records_path} ({e.strerror})")
     lock = None
@@ -1039,25 +989,15 @@ def run_settings(args, dtype):
                     threshold=o.threshold, dtype=str(dtype).replace("torch.", ""))
     # settings that only some runs use, recorded only when set: a record names the options its run used
     extra = dict(cache_refresh=o.cache_refresh, cache_drift=o.cache_drift, cache_window=o.cache_window,
-                 cfg_scale=o.cfg_scale,
-                 remasking=None if o.remasking == "low_confidence" else o.remasking)
+                 cfg_scale=o.cfg_scale, remasking=None if o.remasking == "low_confidence" else o.remasking)
     if o.sampler == "dream":  # Dream's sampler reads none of the block sampler's options, and its own
         extra = dict(sampler=o.sampler, alg=o.alg, alg_temp=o.alg_temp, eps=o.eps, top_p=o.top_p, top_k=o.top_k)
-    if args.adapter:
-        extra["adapter_fingerprint"] = adapter_fingerprint(args.adapter)
+    if args.adapter:  # its files whole (small beside its base): another adapter at the same path is told apart
+        h = hashlib.sha256()
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            h.update(name.encode() + (Path(args.adapter) / name).read_bytes())
+        extra["adapter_fingerprint"] = h.hexdigest()[:16]
     return settings | {k: v for k, v in extra.items() if v}
-
-
-def graded_before(records_path, settings):
-    """Rank 0: the records an earlier run of this command left in records_path, checked against settings (read_records),
-    {(seed, index): record}; it says how many."""
-    if records_path is None:
-        print("no --out: the generations are not saved, and an interrupted run cannot continue", flush=True)
-        return {}
-    finished = read_records(records_path, settings)
-    if finished:
-        print(f"{records_path}: {len(finished)} graded items found; generating the rest", flush=True)
-    return finished
 
 
 def load_model(args, device, dtype):
@@ -1069,8 +1009,7 @@ def load_model(args, device, dtype):
 
 
 def evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch):
-    """One evaluate() per --seeds seed, each going on from the records `finished` holds. Rank 0's runs:
-    [{"seed", "accuracy", "records"}] ([] on the other ranks)."""
+    """One evaluate() per --seeds seed, going on from the records `finished`: rank 0's [{seed, accuracy, records}]."""
     o, rank, runs = args.options, rank_and_world()[0], []
     sampler = ("exact" if o.exact else f"cache {o.cache or 'none'}, threshold {o.threshold}, cache refresh "
                f"{o.cache_refresh}, cache drift {o.cache_drift}, cache window {o.cache_window}")
@@ -1082,9 +1021,8 @@ def evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch
                   f"block {o.block_length}, {args.shots}-shot, {args.prompt_style} prompts, sampler {sampler}",
                   flush=True)
         done = {i: r for (s, i), r in finished.items() if s == seed and i < len(items)}
-        acc, records = evaluate(model, tokenizer, items, args.task, o, batch_size=args.batch_size,
-                                prompt_style=args.prompt_style, shots=pick_shots(shot_items, args.shots, seed),
-                                seed=seed, log_every=args.log_every, done=done, on_batch=on_batch)
+        run = SeedRun(seed, pick_shots(shot_items, args.shots, seed), done, on_batch, args.log_every)
+        acc, records = evaluate(model, tokenizer, items, args.task, o, args.batch_size, args.prompt_style, run)
         if records is not None:  # rank 0
             print(f"seed {seed}: accuracy {acc:.2f}%", flush=True)
             runs.append(dict(seed=seed, accuracy=acc, records=[{k: v for k, v in r.items() if k != "settings"}
@@ -1116,15 +1054,14 @@ def main(argv=None):
         dtype = compute_dtype(args.dtype, device)
         items, shot_items, tokenizer = load_data(p, args)
         settings = run_settings(args, dtype)
-        finished = graded_before(records_path, settings) if rank == 0 else {}  # its records first: named settings
+        finished = read_records(records_path, settings) if rank == 0 else {}  # its records first: named settings
         if out:
             check_summary(out, settings)
         if world > 1:  # rank 0's, on every rank
             box = [finished]
             dist.broadcast_object_list(box, src=0)
             finished = box[0]
-        model = load_model(args, device, dtype)
-        check_mask_token(tokenizer, model.config)
+        model = load_model(args, device, dtype)  # its config.json's mask token checked by load_data
         on_batch = (lambda new: append_records(records_path, new, settings)) if records_path else None
         runs = evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch)
         if rank == 0:
@@ -1142,24 +1079,33 @@ def main(argv=None):
 # lm-evaluation-harness: a model of this repo as the harness's model "gift" (EleutherAI's lm-evaluation-harness,
 # optional: pip install -r requirements-extras.txt). Not needed for the d1 protocol above, which it leaves as it is.
 #
-#     python eval.py --harness --model DIR --tasks arc_easy,gsm8k [--mc-num 128] [--apply-chat-template]
 #     torchrun --nproc_per_node 8 eval.py --harness ...          # lm-eval gives each rank a slice of the documents
 #     lm_eval.simple_evaluate(model="gift", model_args="model=DIR,mc_num=128,gen_length=256", tasks=[...])
 #
-# generate_until: the sampler of SamplerOptions (model_args gen_length=..., cache=..., sampler=dream, ...) on
-#   left-padded batches, as eval.py's evaluate() runs it; the answer is cut at the family's turn end, then at the
-#   task's `until` strings. Unset lengths: gen_length = the task's max_gen_toks, block 32, steps = gen_length / 2.
+# generate_until: the sampler of SamplerOptions on left-padded batches, as evaluate() runs it.
 # loglikelihood: LLaDA's Monte Carlo estimate of its likelihood bound (Nie et al. 2025, arXiv 2502.09992; the official
 #   evaluation/eval_llada.py). For a continuation y of L tokens after the context x:
 #       ELBO = E_{l ~ U{1..L}} E_{M ~ U(l-subsets of y)} [ (L / l) sum_{i in M} log p(y_i | x, y with M masked) ]
 #   one draw = one forward pass; mc_num draws, `batch_size` per pass, the l of each pass stratified over 1..L; the
 #   context is never masked. Dream reads token i's prediction at position i - 1. A lower bound on log p(y | x).
 
-HARNESS_INSTALL = "pip install -r requirements-extras.txt (lm-eval==0.4.13)"
 
+@dataclass
+class HarnessOptions:
+    """GiftLM's model_args besides SamplerOptions' (those unset: the folder's generation_defaults.json, the task's)."""
+    model: str  # a model folder, or a checkpoint or run folder (as eval.py's --model)
+    adapter: str = None  # a LoRA adapter folder, merged before sampling
+    dtype: str = "auto"  # auto, float32, bfloat16, float64
+    device: str = None  # one process only: torchrun's ranks each take their own
+    batch_size: int = 8  # prompts per generate call, and likelihood draws per forward pass
+    mc_num: int = 128  # likelihood draws per request
+    seed: int = 0  # of the likelihood draws and of sampling
+    check_greedy: bool = True  # False: is_greedy is always False, without its L extra passes
 
-class HarnessMissing(ImportError):
-    """lm-evaluation-harness is not installed: the message says how to install it, in one line."""
+    def __post_init__(self):
+        if not all(isinstance(n, int) and n >= 1 for n in (self.batch_size, self.mc_num)):
+            raise ValueError(f"GiftLM: batch_size {self.batch_size!r} and mc_num {self.mc_num!r} must be integers >= 1 "
+                             "(no 'auto')")
 
 
 def stratified_mask_counts(L, b, generator):
@@ -1181,11 +1127,9 @@ def continuation_masks(L, counts, generator):
 
 @torch.no_grad()
 def elbo_draws(model, context, continuation, mc_num, batch_size, generator):
-    """mc_num unbiased draws of the continuation's ELBO (the estimator above), float64 (mc_num,): draw j masks
-    exactly l_j of the L = len(continuation) tokens (l_j stratified per forward pass of batch_size draws) and is
-    (L / l_j) * sum of log p(y_i) over the masked i. context, continuation: token ids (context non-empty: Dream's first
-    continuation token is read at the last context position). Draws come from `generator` (CPU), so a rerun and any
-    device give the same masks."""
+    """mc_num unbiased draws of the continuation's ELBO (the estimator above), float64 (mc_num,). context,
+    continuation: token ids (context non-empty: Dream's first continuation token is read at the last context
+    position). Draws come from `generator` (CPU), so a rerun and any device give the same masks."""
     device, mask_id = next(model.parameters()).device, model.config.mask_token_id
     P, L = len(context), len(continuation)
     if P < 1 or L < 1:
@@ -1211,8 +1155,7 @@ def elbo_draws(model, context, continuation, mc_num, batch_size, generator):
 
 
 def greedy_continuation(model, context, L):
-    """The L tokens the block sampler gives greedily after the context, one per step, the most confident first
-    (eval_llada.py's is_greedy check): a list of ids."""
+    """The L token ids the block sampler gives greedily after the context, one per step (eval_llada.py's is_greedy)."""
     prompt = torch.tensor([list(context)], device=next(model.parameters()).device)  # (1, P)
     return generate(model, prompt, steps=L, gen_length=L, block_length=L)[0, len(context):].tolist()
 
@@ -1225,224 +1168,182 @@ def cut_at_stops(text, until):
     return text
 
 
-def request_generator(seed, *token_lists):
-    """A CPU generator seeded from `seed` and the request's token ids: the same request draws the same masks in any
-    order, batch or rank."""
-    digest = hashlib.sha256(json.dumps([seed, *token_lists]).encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+class GiftLM(LM):
+    """A model folder of this repo for lm-evaluation-harness; model_args: HarnessOptions' and SamplerOptions' fields."""
 
+    def __init__(self, model, **model_args):
+        super().__init__()
+        model_args.pop("max_batch_size", None)  # lm-eval's, for a batch_size "auto", which GiftLM does not take
+        own, names = [f.name for f in fields(HarnessOptions)], [f.name for f in fields(SamplerOptions)]
+        unknown = sorted(set(model_args) - set(own) - set(names))
+        if unknown:
+            raise ValueError(f"GiftLM: unknown model_args {', '.join(unknown)}; GiftLM takes model, adapter, "
+                             f"dtype, device, batch_size, mc_num, seed, check_greedy and {', '.join(names)}")
+        opts = HarnessOptions(model, **{k: v for k, v in model_args.items() if k in own})
+        self.folder, found = find_model(opts.model)
+        self.adapter = opts.adapter or found
+        check_adapter(self.folder, self.adapter)
+        given = argparse.Namespace(**{n: model_args.get(n) for n in names})
+        self.options = options_from_flags(given, folder_defaults(self.folder))  # model_args, else the folder's
+        check_sampler_choice(given, self.options, self.folder)
+        self._rank, self._world_size, where = setup_distributed()  # torchrun's ranks: each gets a slice
+        self._device = torch.device(opts.device) if opts.device and self._world_size == 1 else where
+        self.model = load_model(argparse.Namespace(folder=self.folder, adapter=self.adapter), self._device,
+                                compute_dtype(opts.dtype, self._device))
+        self.tokenizer = load_tokenizer(self.folder)
+        check_mask_token(self.tokenizer, self.model.config)
+        self.fmt = chat_format(self.tokenizer)
+        self.batch_size, self.mc_num, self.seed = opts.batch_size, opts.mc_num, opts.seed
+        self.check_greedy, self.max_length = opts.check_greedy, self.model.config.max_sequence_length
+        bos = self.tokenizer.token_to_id(BOS)  # an empty context is this one token; EOS without one (Dream's)
+        self.prefix_id = self.model.config.eos_token_id if bos is None else bos
 
-def harness_model_class():
-    """GiftLM, built on lm_eval.api.model.LM and registered as "gift" (once); HarnessMissing without lm-eval."""
-    if "GiftLM" in globals():
-        return globals()["GiftLM"]
-    try:
-        import lm_eval.models  # noqa: F401  the harness's own models, registered first (lazily), stay available
-        from lm_eval.api.model import LM
-        from lm_eval.api.registry import model_registry
-    except ImportError as e:
-        raise HarnessMissing(f"lm-evaluation-harness is not installed ({e}); install it with: "
-                             f"{HARNESS_INSTALL}") from None
+    # --- what the harness asks of a model ---
 
-    class GiftLM(LM):
-        """A LLaDA or Dream model folder of this repo (a checkpoint or run folder too, as eval.py's --model), with
-        an optional LoRA adapter, for lm-evaluation-harness. model_args: model=DIR, adapter=DIR, dtype (auto,
-        float32, bfloat16, float64), device, batch_size (prompts per generate call, and likelihood draws per
-        forward pass), mc_num (likelihood draws per request), seed, check_greedy (false: is_greedy is False without
-        its L extra passes), and every SamplerOptions field (gen_length, steps, block_length, temperature, cache,
-        threshold, sampler, alg, ...; unset: the model folder's generation_defaults.json, then the task's)."""
+    @property
+    def tokenizer_name(self):
+        return str(self.folder).replace("/", "__")
 
-        def __init__(self, model, adapter=None, dtype="auto", device=None, batch_size=8, mc_num=128, seed=0,
-                     check_greedy=True, max_batch_size=None, **sampler):
-            super().__init__()
-            names = [f.name for f in fields(SamplerOptions)]
-            unknown = sorted(set(sampler) - set(names))
-            if unknown:
-                raise ValueError(f"GiftLM: unknown model_args {', '.join(unknown)}; GiftLM takes model, adapter, "
-                                 f"dtype, device, batch_size, mc_num, seed, check_greedy and {', '.join(names)}")
-            if not isinstance(batch_size, int) or batch_size < 1 or not isinstance(mc_num, int) or mc_num < 1:
-                raise ValueError(f"GiftLM: batch_size {batch_size!r} and mc_num {mc_num!r} must be integers >= 1 "
-                                 "(no 'auto')")
-            self.folder, found = locate_model(model)
-            self.adapter = adapter or found
-            check_adapter(self.folder, self.adapter)
-            given = argparse.Namespace(**{n: sampler.get(n) for n in names})
-            self.options = options_from_flags(given, folder_defaults(self.folder))  # model_args, else the folder's
-            check_sampler_choice(given, self.options, self.folder)
-            self._rank, self._world_size, where = setup_distributed()  # torchrun's ranks: each gets a slice
-            self._device = torch.device(device) if device and self._world_size == 1 else where
-            self.model = load_model(argparse.Namespace(folder=self.folder, adapter=self.adapter), self._device,
-                                    compute_dtype(dtype, self._device))
-            self.tokenizer = load_tokenizer(self.folder)
-            check_mask_token(self.tokenizer, self.model.config)
-            self.fmt = chat_format(self.tokenizer)
-            self.batch_size, self.mc_num, self.seed, self.check_greedy = batch_size, mc_num, seed, check_greedy
-            self.max_length = self.model.config.max_sequence_length
-            bos = self.tokenizer.token_to_id(BOS)  # an empty context is this one token (Dream: EOS)
-            self.prefix_id = self.model.config.eos_token_id if bos is None or self.fmt == "chatml" else bos
+    def chat_template(self, chat_template=False):
+        return self.fmt
 
-        # --- what the harness asks of a model ---
+    def apply_chat_template(self, chat_history, add_generation_prompt=True):
+        """The model's own chat format (data.chat_prompt); without add_generation_prompt the last (assistant)
+        message is continued as is (a task's gen_prefix, e.g. d1's "<reasoning>")."""
+        if add_generation_prompt:
+            return chat_prompt(chat_history, self.fmt)
+        return chat_prompt(chat_history[:-1], self.fmt) + chat_history[-1]["content"]
 
-        @property
-        def tokenizer_name(self):
-            return str(self.folder).replace("/", "__")
+    def all_gather(self, tensor):
+        if self._world_size == 1:
+            return tensor
+        parts = [torch.zeros_like(tensor) for _ in range(self._world_size)]
+        dist.all_gather(parts, tensor)
+        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
 
-        def chat_template(self, chat_template=False):
-            return self.fmt
+    def gather_object(self, obj, dst=0):
+        if self._world_size == 1:
+            return [obj]
+        out = [None] * self._world_size if self._rank == dst else None
+        dist.gather_object(obj, out, dst=dst)
+        return out
 
-        def apply_chat_template(self, chat_history, add_generation_prompt=True):
-            """The model's own chat format (data.chat_prompt); without add_generation_prompt the last (assistant)
-            message is continued as is (a task's gen_prefix, e.g. d1's "<reasoning>")."""
-            if add_generation_prompt:
-                return chat_prompt(chat_history, self.fmt)
-            return chat_prompt(chat_history[:-1], self.fmt) + chat_history[-1]["content"]
+    def barrier(self):
+        if self._world_size > 1:
+            dist.barrier()
 
-        def all_gather(self, tensor):
-            if self._world_size == 1:
-                return tensor
-            parts = [torch.zeros_like(tensor) for _ in range(self._world_size)]
-            dist.all_gather(parts, tensor)
-            return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
+    # --- requests ---
 
-        def gather_object(self, obj, dst=0):
-            if self._world_size == 1:
-                return [obj]
-            out = [None] * self._world_size if self._rank == dst else None
-            dist.gather_object(obj, out, dst=dst)
-            return out
+    def _args(self, request, n, kind):
+        """The request's arguments, refusing a shape this model does not read (e.g. a multimodal task's images)."""
+        if len(request.args) != n:
+            raise ValueError(f"GiftLM: task {request.task_name!r}: a {kind} request with {len(request.args)} "
+                             f"arguments (this model reads text only: {n}); not supported")
+        return request.args
 
-        def barrier(self):
-            if self._world_size > 1:
-                dist.barrier()
+    def _encode(self, text, request):
+        return encode_text(self.tokenizer, text, what=f"task {request.task_name!r}: the text")
 
-        # --- requests ---
+    def _context_and_continuation(self, context, continuation, request):
+        """Token ids of both, split as the harness's models split them: the context's trailing spaces move to the
+        continuation; an empty context is the prefix token; a long context keeps its last tokens."""
+        n = len(context) - len(context.rstrip())
+        if n:
+            context, continuation = context[:-n], context[-n:] + continuation
+        ctx = self._encode(context, request) if context else []
+        whole = self._encode(context + continuation, request)
+        cont = whole[len(ctx):] if whole[:len(ctx)] == ctx else self._encode(continuation, request)
+        if not cont or len(cont) >= self.max_length:
+            raise ValueError(f"GiftLM: task {request.task_name!r}: a continuation of {len(cont)} tokens (the "
+                             f"model reads 1 to {self.max_length - 1})")
+        return (ctx or [self.prefix_id])[-(self.max_length - len(cont)):], cont
 
-        def _args(self, request, n, kind):
-            """The request's arguments, refusing a shape this model does not read (e.g. a multimodal task's images)."""
-            if len(request.args) != n:
-                raise ValueError(f"GiftLM: task {request.task_name!r}: a {kind} request with {len(request.args)} "
-                                 f"arguments (this model reads text only: {n}); not supported")
-            return request.args
+    def _elbo(self, context, continuation):
+        """The mean of mc_num draws; the draws' generator is seeded from the seed and the request's token ids, so the
+        same request draws the same masks in any order, batch or rank."""
+        digest = hashlib.sha256(json.dumps([self.seed, context, continuation]).encode()).digest()
+        g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        return elbo_draws(self.model, context, continuation, self.mc_num, self.batch_size, g).mean().item()
 
-        def _encode(self, text, request):
-            return encode_text(self.tokenizer, text, what=f"task {request.task_name!r}: the text")
+    def loglikelihood(self, requests):
+        """(ELBO estimate of log p(continuation | context), is_greedy) per request."""
+        out = []
+        for request in requests:
+            ctx, cont = self._context_and_continuation(*self._args(request, 2, "loglikelihood"), request)
+            ll = self._elbo(ctx, cont)
+            greedy = bool(self.check_greedy) and greedy_continuation(self.model, ctx, len(cont)) == cont
+            out.append((ll, greedy))
+            self.cache_hook.add_partial("loglikelihood", request.args, (ll, greedy))
+        return out
 
-        def _context_and_continuation(self, context, continuation, request):
-            """Token ids of both, split as the harness's models split them: the context's trailing spaces move to the
-            continuation; an empty context is the prefix token; a long context keeps its last tokens."""
-            n = len(context) - len(context.rstrip())
-            if n:
-                context, continuation = context[:-n], context[-n:] + continuation
-            ctx = self._encode(context, request) if context else []
-            whole = self._encode(context + continuation, request)
-            cont = whole[len(ctx):] if whole[:len(ctx)] == ctx else self._encode(continuation, request)
-            if not cont or len(cont) >= self.max_length:
-                raise ValueError(f"GiftLM: task {request.task_name!r}: a continuation of {len(cont)} tokens (the "
-                                 f"model reads 1 to {self.max_length - 1})")
-            return (ctx or [self.prefix_id])[-(self.max_length - len(cont)):], cont
+    def loglikelihood_rolling(self, requests):
+        """The ELBO of the whole text after the prefix token; a text longer than the context in windows of
+        max_length / 2 tokens, each after the max_length / 2 before it (a sum of conditional ELBOs, a lower bound)."""
+        out = []
+        for request in requests:
+            (text,) = self._args(request, 1, "loglikelihood_rolling")
+            ids = [self.prefix_id] + (self._encode(text, request) if text else [])
+            window = self.max_length - 1 if len(ids) <= self.max_length else self.max_length // 2
+            ll = sum(self._elbo(ids[max(0, s - (self.max_length - window)):s], ids[s:s + window])
+                     for s in range(1, len(ids), window))
+            out.append(ll)
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, ll)
+        return out
 
-        def _elbo(self, context, continuation):
-            g = request_generator(self.seed, context, continuation)
-            return elbo_draws(self.model, context, continuation, self.mc_num, self.batch_size, g).mean().item()
+    def _generation_options(self, gen_kwargs):
+        """The sampler's options for a task: model_args' (or the folder's) lengths, else gen_length = the task's
+        max_gen_toks (rounded up to whole blocks), block 32, steps = gen_length / 2 (d1's two per step)."""
+        o = self.options
+        gen_length = o.gen_length or int(gen_kwargs.get("max_gen_toks", 256))
+        block = o.block_length or min(BLOCK_LENGTH, gen_length)
+        if o.sampler == "block":
+            gen_length = -(-gen_length // block) * block
+        blocks = max(1, gen_length // block)
+        steps = o.steps or max(blocks, gen_length // 2 // blocks * blocks)
+        return replace(o, gen_length=gen_length, steps=steps, block_length=block)
 
-        def loglikelihood(self, requests):
-            """(ELBO estimate of log p(continuation | context), is_greedy) per request."""
-            out = []
-            for request in requests:
-                ctx, cont = self._context_and_continuation(*self._args(request, 2, "loglikelihood"), request)
-                ll = self._elbo(ctx, cont)
-                greedy = bool(self.check_greedy) and greedy_continuation(self.model, ctx, len(cont)) == cont
-                out.append((ll, greedy))
-                self.cache_hook.add_partial("loglikelihood", request.args, (ll, greedy))
-            return out
-
-        def loglikelihood_rolling(self, requests):
-            """The ELBO of the whole text: one continuation after the prefix token; a text longer than the model's
-            context in windows of max_length / 2 tokens, each after the up to max_length / 2 tokens before it (a
-            sum of conditional ELBOs, still a lower bound)."""
-            out = []
-            for request in requests:
-                (text,) = self._args(request, 1, "loglikelihood_rolling")
-                ids = [self.prefix_id] + (self._encode(text, request) if text else [])
-                window = self.max_length - 1 if len(ids) <= self.max_length else self.max_length // 2
-                ll = sum(self._elbo(ids[max(0, s - (self.max_length - window)):s], ids[s:s + window])
-                         for s in range(1, len(ids), window))
-                out.append(ll)
-                self.cache_hook.add_partial("loglikelihood_rolling", request.args, ll)
-            return out
-
-        def _generation_options(self, gen_kwargs):
-            """The sampler's options for a task: model_args' (or the folder's) lengths, else gen_length = the task's
-            max_gen_toks (rounded up to whole blocks), block 32, steps = gen_length / 2 (d1's two per step)."""
-            o = self.options
-            gen_length = o.gen_length or int(gen_kwargs.get("max_gen_toks", 256))
-            block = o.block_length or min(BLOCK_LENGTH, gen_length)
-            if o.sampler == "block":
-                gen_length = -(-gen_length // block) * block
-            blocks = max(1, gen_length // block)
-            steps = o.steps or max(blocks, gen_length // 2 // blocks * blocks)
-            return replace(o, gen_length=gen_length, steps=steps, block_length=block)
-
-        def generate_until(self, requests):
-            """Each context sampled with the options, in batches of batch_size consecutive requests with the same
-            generation arguments; the text up to the family's turn end, then up to the first `until` string."""
-            out, start, seen, noise = [], 0, {}, []
-            for request in requests:  # its sampling noise: item_generator(seed, doc_id), as eval.py's items'
-                key = (request.task_name, request.doc_id)
-                noise.append((request.doc_id or 0) + seen.get(key, 0) * 2 ** 32)  # a repeat (same doc) draws anew
-                seen[key] = seen.get(key, 0) + 1
-            while start < len(requests):
-                kwargs = self._args(requests[start], 2, "generate_until")[1]
-                end = start + 1
-                while (end < len(requests) and end - start < self.batch_size
-                       and self._args(requests[end], 2, "generate_until")[1] == kwargs):
-                    end += 1
-                out += self._generate_batch(requests[start:end], kwargs, noise[start:end])
-                start = end
-            return out
-
-        def _generate_batch(self, requests, gen_kwargs, noise):
-            options = self._generation_options(gen_kwargs)
-            until = gen_kwargs.get("until") or []
+    def generate_until(self, requests):
+        """Each context sampled with the options, in batches of batch_size consecutive requests with the same
+        generation arguments; the text up to the family's turn end, then up to the first `until` string."""
+        out, start, seen, noise = [], 0, {}, []
+        for request in requests:  # its sampling noise: item_generator(seed, doc_id), as eval.py's items'
+            key = (request.task_name, request.doc_id)
+            noise.append((request.doc_id or 0) + seen.get(key, 0) * 2 ** 32)  # a repeat (same doc) draws anew
+            seen[key] = seen.get(key, 0) + 1
+        while start < len(requests):
+            kwargs = self._args(requests[start], 2, "generate_until")[1]
+            end = start + 1
+            while (end < len(requests) and end - start < self.batch_size
+                   and self._args(requests[end], 2, "generate_until")[1] == kwargs):
+                end += 1
+            options, until = self._generation_options(kwargs), kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            room = self.max_length - options.gen_length
-            prompts = [self._encode(r.args[0], r)[-room:] for r in requests]
-            prompt, attention_mask = left_padded(prompts, self.model.config.pad_token_id)  # (B, P)
-            generators = batch_generators(options, self.seed, noise, self._device)
-            x = generate_with_options(self.model, prompt.to(self._device), attention_mask.to(self._device), options,
-                                      generators)
-            texts = []
-            for request, answer in zip(requests, x[:, prompt.shape[1]:].tolist()):  # (B, gen_length)
-                text = cut_at_stops(decode_until_stop(self.tokenizer, answer), until)
-                self.cache_hook.add_partial("generate_until", request.args, text)
-                texts.append(text)
-            return texts
+            prompts = [self._encode(r.args[0], r)[-(self.max_length - options.gen_length):]
+                       for r in requests[start:end]]  # each prompt's last tokens that leave room for the answer
+            answers = sample_answers(self.model, prompts, options, self.seed, noise[start:end])  # (B, gen_length)
+            for request, answer in zip(requests[start:end], answers.tolist()):
+                out.append(cut_at_stops(decode_until_stop(self.tokenizer, answer), until))
+                self.cache_hook.add_partial("generate_until", request.args, out[-1])
+            start = end
+        return out
 
-    GiftLM.__qualname__ = "GiftLM"
-    try:
+
+if HARNESS_MISSING:
+    del GiftLM  # eval.GiftLM says how to install lm-eval (__getattr__)
+else:
+    with contextlib.suppress(ValueError):  # registered already by this file loaded under another name (__main__)
         model_registry.register("gift")(GiftLM)
-    except ValueError:
-        pass  # registered already by this file loaded under another name (python eval.py is __main__)
-    globals()["GiftLM"] = GiftLM
-    return GiftLM
 
 
 def __getattr__(name):
-    """eval.GiftLM without lm-eval installed: HarnessMissing, one line saying how to install it."""
-    if name == "GiftLM":
-        return harness_model_class()
+    """eval.GiftLM without lm-eval installed: an ImportError saying how to install it, in one line."""
+    if name == "GiftLM" and HARNESS_MISSING:
+        raise ImportError(HARNESS_MISSING)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-try:  # registered as "gift" on `import eval` when lm-eval is installed; without it, eval.GiftLM says how to install
-    harness_model_class()
-except HarnessMissing:
-    pass
-
-
 def harness_main(argv=None):
-    """python eval.py --harness ...: lm-eval's tasks (by name, or local YAMLs with --include-path) on a model of this
-    repo; rank 0 prints the harness's table and writes --out."""
+    """python eval.py --harness: lm-eval's tasks (or --include-path's YAMLs); rank 0 prints the table, writes --out."""
     p = argparse.ArgumentParser(description="Evaluate a LLaDA or Dream model on lm-evaluation-harness tasks "
                                             "(torchrun --nproc_per_node N eval.py --harness ... for several GPUs).")
     p.add_argument("--harness", action="store_true", help="run lm-evaluation-harness tasks (this command line)")
@@ -1464,10 +1365,8 @@ def harness_main(argv=None):
     p.add_argument("--out", default=None, help="write the harness's results (JSON) here")
     add_sampler_flags(p)
     args = p.parse_args(argv)
-    try:
-        GiftLM = harness_model_class()
-    except HarnessMissing as e:
-        raise SystemExit(f"eval.py: {e}") from None
+    if HARNESS_MISSING:
+        raise SystemExit(f"eval.py: {HARNESS_MISSING}")
     import lm_eval
     from lm_eval.tasks import TaskManager
     from lm_eval.utils import make_table
@@ -1479,10 +1378,9 @@ def harness_main(argv=None):
     tasks_here = TaskManager(include_path=args.include_path, include_defaults=False) if args.include_path else None
     if tasks_here is None or not set(tasks) <= set(tasks_here.all_tasks):  # lm-eval's own: indexing them takes a while
         tasks_here = TaskManager(include_path=args.include_path)
-    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot,
-                                      limit=limit, apply_chat_template=args.apply_chat_template, log_samples=False,
-                                      task_manager=tasks_here,
-                                      random_seed=args.seed, numpy_random_seed=args.seed,
+    results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=limit,
+                                      apply_chat_template=args.apply_chat_template, log_samples=False,
+                                      task_manager=tasks_here, random_seed=args.seed, numpy_random_seed=args.seed,
                                       torch_random_seed=args.seed, fewshot_random_seed=args.seed)
     if lm.rank == 0:
         print(make_table(results))

@@ -5,18 +5,15 @@
 
 The file reads in three parts:
   Part I    GIFT, the paper: masking probabilities and weights (Theorem 1), the entropy pass (Algorithm 1), the
-            objectives, the one loss (Algorithm 2). Tensors in, tensors out; only math and torch: copy it next to
-            any LLaDA (ours, or the official Hugging Face one: hidden states of `output_hidden_states=True` and its
-            `ff_out` head).
+            objectives, the one loss (Algorithm 2). Tensors in, tensors out; only math and torch: copy it next to any
+            LLaDA (ours, or the official Hugging Face one: `output_hidden_states=True` and its `ff_out` head).
   Part II   Training: the options (`python gift.py --help`), the model on its devices, GIFT's passes besides the loss
             (the entropy pass on the model, GIFT*'s frozen betas, betas reused for K epochs), one optimizer step
-            (`train_step`), the loop (`train`). The loop's bookkeeping is calls into Part III whose names say what
-            they do, as torchtitan's trainer calls its checkpointer: `banner` (the run's first lines), a
-            `CheckpointManager` (`restore` once, `step_done` after each step, `final`), the `TrainState` it restores
-            (`advance` counts a step) and a `MetricsLog` (`add`). Read them in Part III only to see how.
+            (`train_step`), the loop (`train`), whose bookkeeping is calls into Part III named for what they do, as
+            torchtitan's trainer calls its checkpointer.
   Part III  Long-job machinery, not needed to understand GIFT: fingerprints, the output folder's lock, preemption,
-            status.json, checkpoints (`TrainState`, `CheckpointManager`), the metrics log (`MetricsLog`), `banner`;
-            then `main()`.
+            status.json, checkpoints (a `CheckpointManager`: `restore` once, `step_done` after each step, `final`;
+            the `TrainState` it restores), the metrics log (`MetricsLog`), `banner`; then `main()`.
 
 Every objective in the paper is ONE estimator of the weighted loss of Theorem 1 (eq. 10):
 
@@ -316,11 +313,8 @@ def diffusion_loss(hidden, head, input_ids, noisy_ids, weight, answer_mask, mask
 
 
 # =====================================================================================================================
-# Part II. Training: `torchrun --nproc_per_node N gift.py [options]`, or `python gift.py` for one process. In reading
-# order: the options (their help strings are `--help`); the model on its devices; GIFT's passes besides the loss
-# (Algorithm 1 on the model, GIFT*'s frozen betas, betas reused for K epochs); one optimizer step of Algorithm 2
-# (`train_step`); the loop (`train`). With no --model it trains the embedded default: a tiny LLaDA from scratch on
-# 4x4 Sudoku (data.py), evaluated on held-out puzzles afterwards (eval.py).
+# Part II. Training: `torchrun --nproc_per_node N gift.py [options]`, or `python gift.py` for one process. With no
+# --model: the embedded default, a tiny LLaDA trained from scratch on 4x4 Sudoku (data.py), then evaluated (eval.py).
 # =====================================================================================================================
 
 import argparse
@@ -341,9 +335,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from data import (EMBEDDED_EVAL, FORMATS, check_chat_tokens, data_fingerprint, describe_embedded, embedded_task,
                   load_dataset, load_tokenizer, special_ids, tiny_config_for)
 from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, add_lora, atomic_write_text, check_config_against_weights,
-                   compute_dtype, end_distributed, folder_fingerprint, from_pretrained, load_weight_rows,
-                   lora_disabled, lora_layers, parse_dataclass_flags, setup_distributed, stored_dtype,
-                   tensors_fingerprint)
+                   compute_dtype, end_distributed, folder_fingerprint, load_weight_rows, load_weights, lora_disabled,
+                   lora_layers, not_a_model_folder, parse_dataclass_flags, setup_distributed, shift_right,
+                   stored_dtype, tensors_fingerprint)
 
 DTYPES = ("auto", "bfloat16", "float32")
 LOSS_ALIASES = {"dream": "cart"}  # the paper's name for eq. (16)'s ablation (Dream's CART weights), read as cart
@@ -418,11 +412,9 @@ class TrainOptions:
     eval_puzzles: int = field(default=256, metadata={"help": "embedded task: held-out puzzles to evaluate"})
 
 
-# The embedded default: sizes and settings for a tiny model trained from scratch on the 2-core CPU in about 4 minutes.
-# They apply only when --model is empty, and only to options not given on the command line. Chosen by a sweep over
-# seeds (experiments/embedded_sweep/, whose README gives the runs): lr 2e-3 or batch 32 learned in some seeds and stayed
-# on a plateau in others, weight decay and wider or deeper models learned later; lr 1e-3, batch 64, 1,500 steps reached
-# 94-100% held-out cells in every seed tried. Its puzzles and generation settings are data.py's EMBEDDED_*.
+# The embedded default (no --model; options not given on the command line): a tiny model trained from scratch on the
+# 2-core CPU in about 4 minutes. A sweep over seeds (experiments/embedded_sweep/) chose lr 1e-3 and batch 64: 94-100%
+# held-out cells in every seed (lr 2e-3 or batch 32 stalled in some). Puzzles and generation: data.py's EMBEDDED_*.
 EMBEDDED = dict(out="runs/sudoku-tiny", loss="gift", epochs=5, grad_accum=1, lr=1e-3,
                 schedule="cosine", warmup_steps=50, weight_decay=0.0, log_every=100)
 EMBEDDED_MODEL = dict(d_model=64, n_heads=4, n_kv_heads=4, n_layers=3, mlp_hidden_size=192, max_sequence_length=256)
@@ -467,13 +459,11 @@ def check_options(opts, error):
               "model on every GPU)")
     if opts.save_merged and not opts.lora:
         error("--save-merged needs --lora (a full fine-tuning checkpoint is already a complete model/)")
-    for name in ("epochs", "batch_size", "grad_accum", "log_every", "keep_last", "lora_r", "max_bad_steps"):
-        if getattr(opts, name) < 1:
-            error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be at least 1")
-    for name in ("max_steps", "save_every"):
-        if getattr(opts, name) < 0:
-            error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be 0 (off) or more")
-    ranges = {  # option: (its value is fine, what it must be); a NaN compares false, so it fails too
+    # option: (its value is fine, what it must be); a NaN compares false, so it fails too
+    ranges = {name: (getattr(opts, name) >= 1, "at least 1") for name in (
+        "epochs", "batch_size", "grad_accum", "log_every", "keep_last", "lora_r", "max_bad_steps")}
+    ranges |= {name: (getattr(opts, name) >= 0, "0 (off) or more") for name in ("max_steps", "save_every")}
+    ranges |= {
         "lr": (0 <= opts.lr < math.inf, "positive"),
         "beta_power": (0 < opts.beta_power <= 10, "in (0, 10] (beta_i = H_i^power: 0.5 the paper, 1 raw entropy; "
                                                  "more overflows)"),
@@ -506,8 +496,8 @@ def check_options(opts, error):
         error("--resume continues the run in --out, --overwrite deletes it: choose one")
     if opts.model and not opts.data:
         error("--model needs --data (a JSONL file)")
-    if opts.model and not_a_model_folder(opts.model):  # a run, a checkpoint or an adapter: say what to give
-        error(f"--model {opts.model}: {not_a_model_folder(opts.model)}")
+    if opts.model and (problem := not_a_model_folder(opts.model)):  # a run, a checkpoint, an adapter: say what to give
+        error(f"--model {opts.model}: {problem}")
     if opts.data and Path(opts.data).is_dir():
         error(f"--data {opts.data}: a folder; give the JSONL file")
     if not opts.out.strip():
@@ -522,8 +512,7 @@ def check_options(opts, error):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Processes: rank 0 and the collectives a step needs (each a no-op for one process, so that `python gift.py` and
-# torchrun run the same code; torchrun's set-up is model.setup_distributed)
+# Processes: rank 0 and the collectives a step needs, each a no-op for one process (torchrun: model.setup_distributed)
 
 
 def is_rank0():
@@ -540,11 +529,11 @@ def barrier():
         dist.barrier()
 
 
-def all_reduce_sum(values, device):
-    """Sum a list of floats over ranks, in float64."""
+def all_reduce(values, device, op="sum"):
+    """A list of floats summed over ranks (op="max": their largest), in float64."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized():
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return t.tolist()
 
 
@@ -561,30 +550,26 @@ def gather_objects(obj):
 # The model on its devices: LoRA adapters on a frozen base, replicated by DDP; or full fine-tuning, sharded by FSDP2
 
 
-FSDP_ONE_GROUP_MAX_PARAMS = 10_000_000  # FSDP2 shards a model up to this size as one group (wrap_model)
+FSDP_ONE_GROUP_MAX_PARAMS = 10_000_000  # FSDP2 shards a model up to this size as one group (fsdp_shard)
 
 
-def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=False, seed=0, parallel="",
-               cpu_offload=False):
-    """lora=None: full fine-tuning; float32 master weights, sharded with FSDP2 over `world` > 1 processes (one
-    group per block, then the root; one group for a model of at most FSDP_ONE_GROUP_MAX_PARAMS parameters),
-    computing in `dtype` with float32 gradient reductions.
+def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=False, seed=0, parallel=""):
+    """lora=None: full fine-tuning; float32 master weights, sharded with FSDP2 (fsdp_shard) over `world` > 1
+    processes, computing in `dtype`. A model built on the meta device is sharded there, then given empty storage on
+    `device` (the host under cpu_offload): fill it with model.load_weight_rows (each rank reads only its rows).
     lora=dict(r=, alpha=, dropout=, targets=): float32 adapters (A initialised from `seed`) on a frozen base in
-    `dtype`, replicated with DDP over `world` > 1 processes; parallel="fsdp": the base and the adapters sharded with
-    FSDP2 instead (the same groups; each parameter keeps its dtype, only the adapters have gradients to reduce).
-    cpu_offload: FSDP2 keeps the shards, their gradients (and so AdamW's states) on the host, even for one process
-    (which then needs a process group of one: gift.train starts it).
-    A full fine-tuning model built on the meta device is sharded there and then given empty float32 storage on
-    `device` (the host under cpu_offload): fill it with model.load_weight_rows (each rank reads only its rows; no
-    process holds the whole model)."""
+    `dtype`, replicated with DDP over `world` > 1 processes, or with parallel="fsdp" sharded by FSDP2.
+    parallel="fsdp-offload" (--cpu-offload): FSDP2 keeps the shards, their gradients and AdamW's states on the host,
+    even for one process (in a process group of one: train starts it)."""
     if activation_checkpointing:
         model.set_activation_checkpointing(True)
+    cpu_offload = parallel == "fsdp-offload"
     shard = world > 1 or cpu_offload
     if lora is not None:
         # offloaded, the base stays on the host: fully_shard moves it to the GPU and back one group at a time
         model.to(device=device if not cpu_offload else "cpu", dtype=dtype)
         add_lora(model, **lora, generator=torch.Generator().manual_seed(seed))
-        if parallel == "fsdp" and shard:
+        if parallel.startswith("fsdp") and shard:
             fsdp_shard(model, device, None, cpu_offload)
         elif world > 1:
             model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -600,16 +585,13 @@ def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=
 
 
 def fsdp_shard(model, device, param_dtype, cpu_offload=False, one_group_max=FSDP_ONE_GROUP_MAX_PARAMS):
-    """FSDP2 over every process (fully_shard), in place: one group per block, then the root; one group for a model
-    of at most `one_group_max` parameters. param_dtype: what the gathered parameters compute in (None: each keeps
-    its own: LoRA's bf16 base and float32 adapters); gradients are reduced in float32."""
+    """FSDP2 over every process (fully_shard), in place: one group per block (one block's parameters are whole at a
+    time: an 8B model never is), then the root; a model of at most `one_group_max` parameters is one group (one
+    all-gather and one reduce-scatter a step). param_dtype: what the gathered parameters compute in (None: each its
+    own); gradients are reduced in float32."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
-    # one group per block: one block's parameters are whole at a time (an 8B model is never whole), for an
-    # all-gather per block in each pass (entropy pass, forward, backward) and a reduce-scatter per block. A small
-    # model is one group: one all-gather and one reduce-scatter a step (the embedded task's 2 processes: 12
-    # collectives a step fewer, 15-20% of its time), the same numbers (2 ranks sum 2 terms in any grouping)
     if sum(p.numel() for p in model.parameters()) > one_group_max:
         for block in model.model.transformer.blocks:
             fully_shard(block, mp_policy=mp, offload_policy=offload)
@@ -624,8 +606,7 @@ def is_sharded(model):
 
 
 def compute_device(model):
-    """The device the model computes on: its parameters', or under --cpu-offload (parameters on the host) the GPU
-    that model.setup_distributed chose."""
+    """The device the model computes on: its parameters', or under --cpu-offload (parameters on the host) the GPU."""
     device = next(model.parameters()).device
     if device.type == "cpu" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
@@ -653,20 +634,15 @@ def gradient_sync(model, enabled):
 
 def predicting_hidden(model, input_ids):
     """The model's final hidden states (B, L, D), each at the position of the token it predicts: what Part I takes.
-    LLaDA predicts token i from position i. A family that predicts shifted (Dream: the state at i - 1 predicts token
-    i, model.predicts_shifted) has its states moved one position right, the first kept (as Dream's generation code
-    moves its logits), so that the first answer token is read from the last prompt position. The shift is here, where
-    the model is run, and nowhere in Part I."""
+    A family that predicts shifted (Dream: the state at i - 1 predicts token i, model.predicts_shifted) has its states
+    moved one position right, the first kept, as Dream's generation code moves its logits. Part I never shifts."""
     hidden = model(input_ids, return_hidden=True)  # (B, L, D)
-    if unwrap(model).predicts_shifted:
-        hidden = torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
-    return hidden
+    return shift_right(hidden) if unwrap(model).predicts_shifted else hidden
 
 
 def first_pass_betas(model, betas_from, input_ids, answer_mask, mask_id, beta_power=BETA_POWER, chunk_size=CE_CHUNK):
-    """Algorithm 1 on our model: the betas of the no-grad first pass, (B, L) float32. "entropy" = H_i^beta_power,
-    "nll" = -log p(x0^i) (eq. 13), "initial" = GIFT*'s betas of the INITIAL model: under LoRA the base with the
-    adapters disabled (full fine-tuning precomputes them: gift_star_betas). Dropout is off during the pass."""
+    """Algorithm 1 on our model: the betas of the no-grad first pass (dropout off), (B, L) float32. betas_from: as
+    OBJECTIVES' second column; "initial" under LoRA disables the adapters (full fine-tuning: gift_star_betas)."""
     core = unwrap(model)
     if betas_from == "initial" and not lora_layers(core):
         raise ValueError("gift.py first_pass_betas: gift-star needs the initial model's betas, but this model has no "
@@ -684,9 +660,8 @@ def first_pass_betas(model, betas_from, input_ids, answer_mask, mask_id, beta_po
 
 @torch.no_grad()
 def initial_model_betas(model, examples, pad_id, length, batch_size, device, beta_power=BETA_POWER):
-    """Algorithm 1 with the model as it is now, adapters disabled under LoRA: call it before any checkpoint is
-    loaded and it gives GIFT*'s betas of the INITIAL model. Each example padded to `length` (a batch of length
-    L < length uses the first L). Returns (len(examples), length) float32 on the CPU."""
+    """Algorithm 1 with the model as it is now (adapters disabled under LoRA): before any checkpoint loads, GIFT*'s
+    betas of the INITIAL model. Each example padded to `length`; returns (len(examples), length) float32 on the CPU."""
     rows = []
     mask_id = unwrap(model).config.mask_token_id
     betas_from = "initial" if lora_layers(unwrap(model)) else "entropy"
@@ -698,10 +673,8 @@ def initial_model_betas(model, examples, pad_id, length, batch_size, device, bet
 
 
 def gift_star_betas(model, inputs, path, pad_to, batch_size, beta_power, device, autocast=contextlib.nullcontext()):
-    """GIFT*'s betas: initial_model_betas for every example of `inputs` (RunInputs), each padded to `pad_to` (0: to
-    the longest), the ranks splitting the examples, cached in `path` under a key (the fingerprints of the data and the
-    base model, beta_power, the length): a resumed run reads them back, a run on other data or another base recomputes
-    them. (len(examples), length) float32 on the CPU."""
+    """GIFT*'s betas (len(examples), length) on the CPU: initial_model_betas of every example, padded to `pad_to`
+    (0: the longest), split over the ranks, cached in `path` keyed by the data, the base, beta_power and the length."""
     examples, pad_id = inputs.examples, inputs.pad_id
     length = pad_to or max(len(ids) for ids, _ in examples)
     key = dict(inputs.fingerprints, beta_power=beta_power, length=length)
@@ -731,12 +704,9 @@ def gift_star_betas(model, inputs, path, pad_to, batch_size, beta_power, device,
 
 class BetaCache:
     """--beta-refresh-epochs K: GIFT's betas reused for K epochs. Each example's betas are kept with the epoch of the
-    entropy pass that made them, and recomputed (by a first pass over the stale rows of the micro-batch only) when
-    they are K or more epochs old; K = 0 never recomputes them (the betas of the example's first visit, close to
-    GIFT*'s initial-model betas). Every example is visited once per epoch, so with K = 3 an example's pass runs in
-    epochs 0, 3, 6, ... Every rank holds the whole cache (train_step's new rows are gathered), so the cache does not
-    depend on which rank sees an example, and the checkpoint saves it (loop_state.pt) for an exact resume. Its size:
-    4 bytes per token of the padded data on every rank (s1K: ~16 MB; a million 1000-token examples: 4 GB)."""
+    entropy pass that made them, and recomputed (for the stale rows only) when K or more epochs old: with K = 3 in
+    epochs 0, 3, 6, ...; K = 0 never (the first visit's, close to GIFT*'s). Every rank holds the whole cache, which
+    checkpoints save: 4 bytes per padded token (s1K: ~16 MB; a million 1000-token examples: 4 GB)."""
 
     def __init__(self, n_examples, refresh_epochs):
         self.refresh_epochs = refresh_epochs
@@ -748,9 +718,8 @@ class BetaCache:
         return made < 0 or (self.refresh_epochs > 0 and epoch - made >= self.refresh_epochs)
 
     def attach(self, micro_batches, epoch):
-        """Set each micro-batch's precomputed_betas (fresh rows: the cached betas; stale rows: zeros until train_step's
-        first pass fills them) and stale. A row cached at another padded length is cut, or extended with its
-        last value (an EOS pad's beta)."""
+        """Set each micro-batch's stale and precomputed_betas (stale rows: zeros until train_step's first pass fills
+        them). A row cached at another padded length is cut, or extended with its last value (an EOS pad's beta)."""
         for mb in micro_batches:
             B, L = mb.input_ids.shape
             mb.stale = torch.tensor([self.is_stale(i, epoch) for i in mb.indices])
@@ -766,7 +735,7 @@ class BetaCache:
         """Store the betas train_step computed for the stale real rows, from every rank."""
         mine = [(i, mb.precomputed_betas[r].float().cpu()) for mb in micro_batches if mb.real
                 for r, i in enumerate(mb.indices) if mb.stale[r]]
-        for part in (gather_objects(mine) if dist.is_initialized() else [mine]):
+        for part in gather_objects(mine):
             for i, row in part:
                 self.epoch[i], self.betas[i] = epoch, row
 
@@ -778,12 +747,11 @@ class BetaCache:
 
 
 def refresh_stale_betas(model, mb, betas_from, beta_power, autocast, world, device):
-    """BetaCache: write the first pass's betas of mb's stale rows into mb.precomputed_betas. With several ranks,
-    every rank runs a pass when any rank has a stale row (FSDP2's forward is collective): a rank with none runs its
-    first row and discards the result."""
+    """BetaCache: the first pass's betas of mb's stale rows, into mb.precomputed_betas. A rank with none runs its
+    first row and discards it while any rank has one (FSDP2's forward is collective)."""
     stale = mb.stale.to(device)
     n_stale = int(stale.sum())
-    if (all_reduce_sum([n_stale], device)[0] if world > 1 else n_stale) == 0:  # no rank has a stale row
+    if (all_reduce([n_stale], device)[0] if world > 1 else n_stale) == 0:  # no rank has a stale row
         return
     rows = stale if n_stale else torch.arange(len(stale), device=device) == 0
     with autocast:
@@ -812,17 +780,26 @@ class MicroBatch:
     beta: torch.Tensor = None  # (B, L) the betas used (None for sft and cart)
 
 
-def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, beta_power=BETA_POWER, grad_clip=1.0,
-               autocast=contextlib.nullcontext()):
-    """One optimizer step of Algorithm 2 on a global batch split over ranks and micro-batches (each rank passes its
-    own MicroBatches). norm "": the objective's default (DEFAULT_NORM). Returns a dict: loss (of the whole global
-    batch), grad_norm (before clipping), stepped (False when either is not finite: the update is skipped), and the
-    COUNTS summed over micro-batches and ranks."""
+@dataclass
+class Loss:
+    """What train_step minimises: --loss, --norm ("": the objective's own, DEFAULT_NORM), --eps and --beta-power."""
+    name: str
+    norm: str = ""
+    eps: float = EPS
+    beta_power: float = BETA_POWER
+
+
+def train_step(model, optimizer, micro_batches, loss, grad_clip=1.0, autocast=contextlib.nullcontext()):
+    """One optimizer step of Algorithm 2 on a global batch (each rank passes its own MicroBatches). loss: a Loss, or
+    an objective's name. Returns a dict: loss (of the whole batch), grad_norm (before clipping), stepped (False when
+    either is not finite: the update is skipped), and the COUNTS summed over micro-batches and ranks."""
+    loss = Loss(loss) if isinstance(loss, str) else loss
+    loss_name, eps, beta_power = loss.name, loss.eps, loss.beta_power
     world = dist.get_world_size() if dist.is_initialized() else 1
     core = unwrap(model)
     mask_id, device = core.config.mask_token_id, micro_batches[0].input_ids.device
     params = [p for p in model.parameters() if p.requires_grad]
-    betas_from, norm = OBJECTIVES[loss_name][1], norm or DEFAULT_NORM[loss_name]
+    betas_from, norm = OBJECTIVES[loss_name][1], loss.norm or DEFAULT_NORM[loss_name]
 
     # pass 1, every micro-batch: the betas (GIFT: the no-grad entropy pass, Algorithm 1), t, the mask, the weights
     for mb in micro_batches:
@@ -837,11 +814,9 @@ def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, bet
         mb.weight = weight if mb.real else torch.zeros_like(weight)
 
     # the global counts, over micro-batches and ranks: the loss normaliser and the step's statistics
-    counts = dict(zip(COUNTS, all_reduce_sum(step_counts(micro_batches, mask_id), device)))
+    counts = dict(zip(COUNTS, all_reduce(step_counts(micro_batches, mask_id), device)))
 
-    # pass 2: the loss with the GLOBAL count over every rank and micro-batch as its denominator, so that the
-    # micro-batch losses of all ranks add up to the loss of the whole batch; DDP and FSDP2 AVERAGE gradients over
-    # ranks, so each rank backpropagates loss * world_size (diffusion_loss's docstring says the same)
+    # pass 2: the loss over the GLOBAL denominator, backpropagated times world_size (diffusion_loss says why)
     loss_sum = 0.0
     denominator = max(counts["n_masked"], 1.0) if norm == "masked" else counts["n_rows"]
     for j, mb in enumerate(micro_batches):
@@ -851,14 +826,11 @@ def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, bet
                                   norm, denominator)
             (loss * world).backward()
         loss_sum += float(loss.detach())
-    loss = all_reduce_sum([loss_sum], device)[0]
+    loss = all_reduce([loss_sum], device)[0]
 
-    # clip the gradient, then step the optimizer unless the loss or the gradient is not finite (a skipped step
-    # changes no weight)
-    if grad_clip > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    else:
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    # clip the gradient, then step the optimizer unless the loss or the gradient is not finite
+    grad_norm = (torch.nn.utils.clip_grad_norm_(params, grad_clip) if grad_clip > 0 else
+                 torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
     grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
     stepped = math.isfinite(loss) and math.isfinite(grad_norm)
     if stepped:
@@ -895,25 +867,24 @@ def step_counts(micro_batches, mask_id):
 
 
 def train(opts, preemption):
-    """The whole run on every rank (main claims the output folder and catches preemption signals first): the model
-    and the data, the optimizer, resume, then one optimizer step per iteration and its bookkeeping (a log line, a
-    checkpoint when due). Returns (the trained model, the run's RunInputs, the last checkpoint's folder)."""
+    """The whole run on every rank, in the folder main claimed: set-up, resume, then one optimizer step per iteration
+    and its bookkeeping. Returns (the trained model, the run's RunInputs, the last checkpoint's folder)."""
     rank, world, device = setup_distributed()
     dtype = compute_dtype(opts.dtype, device)  # auto: bf16 on a GPU, float32 on the CPU
-    # bf16: autocast on the CPU as on a GPU (one code path); norms, softmax and losses stay float32 (model.py, above)
+    # bf16: autocast on the CPU as on a GPU (one code path); norms, softmax and losses stay float32
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16
                 else contextlib.nullcontext())
 
-    # the model, the tokenizer and the data (every rank builds the same); a checkpoint with other ones is refused
-    # here, before the weights load
+    # the model, the tokenizer and the data (every rank builds the same); a checkpoint of others is refused here
     inputs = load_inputs(opts, rank, dtype)
     checkpoints = CheckpointManager(opts, world, inputs, preemption)
-    lora = lora_settings(opts)
+    lora = (dict(r=opts.lora_r, alpha=opts.lora_alpha, dropout=opts.lora_dropout,
+                 targets=tuple(opts.lora_targets.split(","))) if opts.lora else None)
     if opts.cpu_offload and not dist.is_initialized():  # FSDP2 needs a process group, even of one process
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
                                 world_size=1, device_id=device if device.type == "cuda" else None)
     model = wrap_model(inputs.model, device, dtype, world, lora, opts.activation_checkpointing, opts.seed,
-                       parallel_of(opts), opts.cpu_offload)
+                       parallel_of(opts) + ("-offload" if opts.cpu_offload else ""))
     if opts.model and not opts.lora:
         load_weight_rows(model, opts.model, rank, world)  # full fine-tuning: each rank reads only its rows
 
@@ -932,6 +903,7 @@ def train(opts, preemption):
     precomputed_betas = (gift_star_betas(model, inputs, Path(opts.out) / "ref_betas.pt", pad_to, opts.batch_size,
                                          opts.beta_power, device, autocast) if opts.loss == "gift-star" else None)
     beta_cache = BetaCache(len(inputs.examples), opts.beta_refresh_epochs) if opts.beta_refresh_epochs != 1 else None
+    split = Split(rank, world, opts.batch_size, opts.grad_accum)
 
     # resume: the model, the optimizer, the schedule, the RNG states and the beta cache, or a fresh start
     torch.manual_seed(opts.seed * 1000 + rank)  # LoRA dropout draws from each rank's global generator
@@ -943,12 +915,13 @@ def train(opts, preemption):
         # -------------------------------------------------------------------------------------------------------------
         # one training step
         order = epoch_batches(len(inputs.examples), state.epoch, opts.seed, global_batch)
-        micro_batches = step_micro_batches(inputs.examples, order[state.step_in_epoch], state.epoch, rank, world,
-                                           opts.batch_size, opts.grad_accum, inputs.pad_id, device, opts.seed,
-                                           pad_to, precomputed_betas)
+        micro_batches = step_micro_batches(inputs.examples, order[state.step_in_epoch], state.epoch, split,
+                                           inputs.pad_id, device, opts.seed, pad_to)
+        for mb in micro_batches if precomputed_betas is not None else ():  # GIFT*'s, of the initial model
+            mb.precomputed_betas = precomputed_betas[mb.indices, :mb.input_ids.shape[1]].to(device)
         if beta_cache:
             beta_cache.attach(micro_batches, state.epoch)
-        result = train_step(model, optimizer, micro_batches, opts.loss, opts.norm, opts.eps, opts.beta_power,
+        result = train_step(model, optimizer, micro_batches, Loss(opts.loss, opts.norm, opts.eps, opts.beta_power),
                             opts.grad_clip, autocast)
         scheduler.step()
         if beta_cache:
@@ -960,9 +933,6 @@ def train(opts, preemption):
         metrics.add(result, state, epoch, scheduler.get_last_lr()[0])
         checkpoints.step_done(state, metrics.unlogged, epoch_done)
     return model, inputs, checkpoints.final(state)
-
-
-# The run's inputs: the model to fine-tune, its tokenizer and the data (or the embedded task's)
 
 
 @dataclass
@@ -978,13 +948,11 @@ class RunInputs:
     resolved: dict = None  # what "auto" options resolved to (dtype, data_format): --resume compares these
 
 
-# what an exported model folder needs from the base folder besides its config and weights: the tokenizer, the
-# generation settings, the embedded task's held-out puzzles, and the official code that trust_remote_code runs (LLaDA's
-# and Dream's). Only these: anything else there (a pytorch_model.bin: 16 GB) would be copied into every checkpoint.
+# what an exported model folder needs from the base folder besides its config and weights (the tokenizer, generation
+# settings, held-out puzzles, the official code trust_remote_code runs), and only that: not a 16 GB pytorch_model.bin
 EXPORTED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-            "added_tokens.json", "chat_template.jinja", "generation_config.json", GENERATION_DEFAULTS,
-            EMBEDDED_EVAL["test_data"], "modeling_*.py", "configuration_*.py", "generation_utils.py",
-            "tokenization_*.py")
+            "added_tokens.json", "chat_template.jinja", "generation_config.json", GENERATION_DEFAULTS, "modeling_*.py",
+            EMBEDDED_EVAL["test_data"], "configuration_*.py", "generation_utils.py", "tokenization_*.py")
 
 
 def load_inputs(opts, rank, dtype):
@@ -1008,7 +976,7 @@ def load_inputs(opts, rank, dtype):
     print0(describe_data(stats))
     # the model, and what checkpoints record of it
     if opts.lora:
-        model = from_pretrained(opts.model, dtype=dtype)
+        model = load_weights(opts.model, dtype=dtype)  # the base, as sample.py and eval.py load a model
     else:
         with torch.device("meta"):
             model = LLaDA(config)
@@ -1021,9 +989,8 @@ def load_inputs(opts, rank, dtype):
 
 
 def embedded_inputs(opts, rank, dtype):
-    """The embedded task (data.py): a tiny LLaDA initialised from the seed (identical on every rank) and its Sudoku
-    puzzles. Its tokenizer, generation settings and held-out puzzles are written into --out, and copied from there
-    into every exported model folder, so that sample.py and eval.py need no other flag."""
+    """The embedded task (data.py): a tiny LLaDA initialised from the seed and its Sudoku puzzles. Its tokenizer,
+    generation settings and held-out puzzles are written into --out, then into every exported model folder."""
     out = Path(opts.out)
     files = [out / "tokenizer.json", out / GENERATION_DEFAULTS, out / EMBEDDED_EVAL["test_data"]]
     tokenizer, examples, heldout = embedded_task(opts.seed, opts.eval_puzzles)
@@ -1048,26 +1015,14 @@ def save_dtype(name, base_dtype):
     return base_dtype if name == "auto" else getattr(torch, name)
 
 
-def lora_settings(opts):
-    """wrap_model's `lora` argument: None for full fine-tuning."""
-    if not opts.lora:
-        return None
-    return dict(r=opts.lora_r, alpha=opts.lora_alpha, dropout=opts.lora_dropout,
-                targets=tuple(opts.lora_targets.split(",")))
-
-
 def check_run_size(opts, n_examples, total_steps):
-    """Sizes that only the data make absurd: refused (a batch larger than the data), or said (a warm-up longer than
-    the run never reaches the peak learning rate)."""
+    """Sizes only the data make absurd: a batch larger than the data (refused), a warm-up longer than the run (said)."""
     if opts.batch_size * opts.grad_accum > n_examples:  # every step would be mostly empty micro-steps
         raise ValueError(f"--batch-size {opts.batch_size} x --grad-accum {opts.grad_accum} exceeds the {n_examples} "
                          "examples: lower them")
     if opts.warmup_steps > total_steps:
         print0(f"warning: --warmup-steps {opts.warmup_steps} is longer than the run ({total_steps} steps): the peak "
                "learning rate is never reached")
-
-
-# The learning-rate schedule
 
 
 def lr_lambda(schedule, warmup_steps, total_steps):
@@ -1084,16 +1039,13 @@ def lr_lambda(schedule, warmup_steps, total_steps):
     return f
 
 
-# Batch assembly: each epoch's order, its optimizer steps, each step split over ranks and micro-batches and padded,
-# each example's noise
+# Batch assembly: each epoch's order and steps, each step split over ranks and micro-batches, each example's noise
 
 
 def collate(examples, pad_id, pad_to=None):
-    """[(ids, prompt_len)] -> input_ids (B, L) long, answer_mask (B, L) bool (the positions >= prompt_len).
-
-    Right-pads with pad_id (LLaDA: <|endoftext|>) to the longest example, or to pad_to (d1 / wd1 pad every
-    example to 4096, which changes what GIFT's beta_ref averages over). Pads are answer positions: the loss is
-    trained on them, as LLaDA's SFT recipe does."""
+    """[(ids, prompt_len)] -> input_ids (B, L) long, answer_mask (B, L) bool (the positions >= prompt_len). Right-pads
+    with pad_id (LLaDA: <|endoftext|>) to the longest example, or to pad_to (d1 / wd1 pad every example to 4096, which
+    changes what GIFT's beta_ref averages over). Pads are answer positions, trained on as in LLaDA's SFT recipe."""
     if not examples:
         raise ValueError("collate got no examples (an empty micro-batch needs a zero-weight dummy row instead)")
     longest = max(len(ids) for ids, _ in examples)
@@ -1126,14 +1078,10 @@ def split_even(items, k):
 
 
 def rank_micro_batches(step_indices, rank, world_size, micro_batch, accum):
-    """This rank's share of one optimizer step, as exactly `accum` micro-batches (lists of example indices).
-
-    The step is split into `accum` consecutive global micro-batches, and global micro-batch j into `world_size`
-    consecutive parts, part r going to rank r. So the union over ranks of everyone's micro-batch j is the
-    single-process micro-batch j of the same step (world_size=1, micro_batch=world_size*micro_batch, same
-    accum). A full step gives every rank exactly micro_batch examples per micro-batch; the short last step of an
-    epoch is spread evenly, so a micro-batch may be EMPTY: the training loop then runs a zero-weight dummy row so
-    that DDP / FSDP collectives stay in lockstep."""
+    """This rank's share of one optimizer step, as exactly `accum` micro-batches (lists of example indices): the step
+    is split into `accum` consecutive global micro-batches, global micro-batch j into `world_size` consecutive parts,
+    part r going to rank r, so that the union over ranks is the single-process micro-batch j. The short last step of
+    an epoch is spread evenly: a micro-batch may be EMPTY."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in [0, {world_size})")
     if len(step_indices) > world_size * micro_batch * accum:
@@ -1144,40 +1092,44 @@ def rank_micro_batches(step_indices, rank, world_size, micro_batch, accum):
 
 @functools.lru_cache(maxsize=1)
 def epoch_batches(n_examples, epoch, seed, global_batch):
-    """Epoch `epoch`'s optimizer steps, each a list of example indices: the epoch's own permutation, which depends
-    only on (seed, epoch) (epoch_order), cut into global batches (step_batches). Cached: one per epoch."""
+    """Epoch `epoch`'s optimizer steps (epoch_order cut by step_batches), cached while the epoch runs."""
     return step_batches(epoch_order(n_examples, epoch, seed), global_batch)
 
 
 def example_generator(seed, epoch, index, device):
-    """The noise of example `index` in `epoch` (its t and its mask) comes from its own seeded generator: the draws
-    do not depend on the batch layout (N ranks draw what one process draws) and a resumed run redraws them."""
+    """Example `index`'s noise in `epoch` (its t and its mask), from its own seed: the same for any batch layout."""
     return torch.Generator(device=device).manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
 
 
-def step_micro_batches(examples, step_indices, epoch, rank, world, micro_batch, accum, pad_id, device, seed,
-                       pad_to=0, precomputed_betas=None):
-    """This rank's `accum` MicroBatches of one optimizer step (rank_micro_batches), on `device`. Micro-batch j
-    is padded to its longest example over ALL ranks: pads are answer positions and are trained on, so padding must
-    not depend on the split for N ranks to compute what one process computes. pad_to > 0 pads every micro-batch to
-    that length instead. An empty micro-batch becomes a zero-weight dummy row."""
-    everyone = [rank_micro_batches(step_indices, r, world, micro_batch, accum) for r in range(world)]
+@dataclass
+class Split:
+    """How a global batch is split: over `world` ranks (this one `rank`), `accum` micro-batches of `micro_batch`."""
+    rank: int
+    world: int
+    micro_batch: int
+    accum: int
+
+
+def step_micro_batches(examples, step_indices, epoch, split, pad_id, device, seed, pad_to=0):
+    """This rank's `accum` MicroBatches of one optimizer step (split: a Split), on `device`. Micro-batch j is padded
+    to its longest example over ALL ranks (pads are trained on: N ranks must pad as one process does), or to pad_to
+    > 0. An empty micro-batch becomes a zero-weight dummy row."""
+    everyone = [rank_micro_batches(step_indices, r, split.world, split.micro_batch, split.accum)
+                for r in range(split.world)]
     batches = []
-    for j, indices in enumerate(everyone[rank]):
+    for j, indices in enumerate(everyone[split.rank]):
         rows = indices or [step_indices[0]]
         L = pad_to or max(len(examples[i][0]) for i in rows + [i for part in everyone for i in part[j]])
         input_ids, answer_mask = collate([examples[i] for i in rows], pad_id, pad_to=L)
-        batches.append(MicroBatch(
-            input_ids.to(device), answer_mask.to(device), [example_generator(seed, epoch, i, device) for i in rows],
-            None if precomputed_betas is None else precomputed_betas[rows, :L].to(device), real=bool(indices),
-            indices=rows))
+        batches.append(MicroBatch(input_ids.to(device), answer_mask.to(device),
+                                  [example_generator(seed, epoch, i, device) for i in rows], real=bool(indices),
+                                  indices=rows))
     return batches
 
 
 # =====================================================================================================================
 # Part III. Long-job machinery, not needed to understand GIFT: what lets an 8-GPU run go on for hours, stop at any
-# moment and continue exactly. The output folder (its lock, preemption, status.json); checkpoints (the
-# CheckpointManager: save, validate, resume, fall back, rotate); the metrics log; main().
+# moment and continue exactly (its parts are listed at the top of this file).
 # =====================================================================================================================
 
 import ctypes
@@ -1201,17 +1153,14 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 
 from data import make_char_tokenizer
-from model import (hash_weights, lock_file, merged_state_dict, not_a_model_folder, run_command_line,
-                   save_adapter)
+from model import hash_weights, lock_file, merged_state_dict, run_command_line, save_adapter
 
 
 class RunError(RuntimeError):
-    """A run that cannot go on for a reason the user can fix (a folder in use, no usable checkpoint, a diverged run):
-    `python gift.py` prints its message in one line, with no traceback."""
+    """A run that cannot go on for a reason the user can fix: `python gift.py` prints it in one line, no traceback."""
 
 
-# options that may change between a run and its resumption (the data and the base model may move: their content is
-# checked by fingerprint)
+# options a resumed run may change (the data and the base model may move: their content is checked by fingerprint)
 RESUMABLE_CHANGES = {"out", "resume", "overwrite", "log_every", "save_every", "keep_last", "max_bad_steps",
                      "eval_puzzles", "epochs", "max_steps", "model", "data", "save_dtype", "save_merged",
                      "wandb_project", "cpu_offload"}
@@ -1225,29 +1174,16 @@ def quiet_single_process_dcp():
         yield
 
 
-# Rank 0 acts, every rank learns the outcome; every rank learns the largest of a value (a signal number)
-
-
-def all_reduce_max(value, device):
-    """The largest of every rank's integer `value`."""
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t)
-
-
 def broadcast_object(obj):
     """Rank 0's `obj` on every rank."""
+    box = [obj]
     if dist.is_initialized():
-        box = [obj]
         dist.broadcast_object_list(box, src=0)
-        return box[0]
-    return obj
+    return box[0]
 
 
 def on_rank0(fn):
-    """fn() on rank 0 only; its result there, None elsewhere. An exception on rank 0 is raised on every rank, so that
-    no rank waits forever at the next collective for a rank that has died."""
+    """fn() on rank 0; its result there, None elsewhere. Its exception is raised on every rank: none waits forever."""
     result, error = None, None
     if is_rank0():
         try:
@@ -1273,8 +1209,7 @@ PART_FILES = {"train_state": (".metadata", "*.distcp"), "adapter": ("adapter_con
 
 
 def lock_folder(out):
-    """An exclusive lock on <out>/.lock, held for the run's life (model.lock_file: the kernel drops it however the
-    process ends, kill -9 included, so a crashed run never leaves the folder locked). Returns the open lock file."""
+    """An exclusive lock on <out>/.lock for the run's life (model.lock_file: the kernel drops it however it ends)."""
     out.mkdir(parents=True, exist_ok=True)
     lock, holder = lock_file(out / ".lock")
     if lock is None:
@@ -1284,9 +1219,8 @@ def lock_folder(out):
 
 
 def claim_output_folder(out, resume, overwrite, embedded=False):
-    """Rank 0, before anything is written: lock the folder, refuse a file the run would replace that a run did not
-    write (status.json; the embedded run's results and files too), refuse to start a fresh run over an existing one
-    (unless `overwrite`, which deletes it), and remove the .tmp folders of interrupted saves. Returns the lock."""
+    """Rank 0, before anything is written: lock the folder, refuse to replace a file no run wrote (REPLACED), refuse
+    a fresh run over an existing one (unless `overwrite`: deleted), remove interrupted saves. Returns the lock."""
     lock = lock_folder(out)
     try:
         # a file the run would replace (a folder of that name cannot be: StatusFile says so)
@@ -1323,9 +1257,8 @@ def claim_output_folder(out, resume, overwrite, embedded=False):
 
 
 def not_ours(out):
-    """What --overwrite would delete in `out` that a gift.py run did not write: anything in checkpoints/ other than
-    step-N folders (and their .tmp) holding a checkpoint's parts only, a symbolic link, a `latest` or metrics.jsonl
-    that is not ours."""
+    """What --overwrite would delete in `out` that a gift.py run did not write: in checkpoints/, anything but step-N
+    folders (and .tmp) holding a checkpoint's parts only; a symbolic link; a `latest` or metrics.jsonl not ours."""
     foreign = [str(out / name) for name in RUN_FILES if (out / name).is_symlink()]
     if (out / "checkpoints").is_dir() and not (out / "checkpoints").is_symlink():
         for p in (out / "checkpoints").iterdir():
@@ -1343,23 +1276,12 @@ def not_ours(out):
     return foreign
 
 
-# The files a run writes beside RUN_FILES, replacing what is there: each with the test that tells a run's own (its
-# content, as written here) from a user's file of that name, which is refused, not replaced
-def _json_of(path):
+def _json_dict(path):
+    """The JSON object in the file `path`, or {} (no such file, not JSON, not an object)."""
     with contextlib.suppress(OSError, ValueError):
-        return json.loads(path.read_bytes())
-
-
-def _run_status(path):
-    return isinstance(_json_of(path), dict) and _json_of(path).get("state") in STATES
-
-
-def _embedded_results(path):  # write_results'
-    return isinstance(_json_of(path), dict) and {"heldout", "train_seconds", "options"} <= _json_of(path).keys()
-
-
-def _embedded_tokenizer(path):
-    return _json_of(path) == json.loads(make_char_tokenizer().to_str())
+        value = json.loads(path.read_bytes())
+        return value if isinstance(value, dict) else {}
+    return {}
 
 
 def _embedded_heldout(path):  # embedded_inputs': a header and (puzzle, solution) rows
@@ -1368,17 +1290,19 @@ def _embedded_heldout(path):  # embedded_inputs': a header and (puzzle, solution
     return False
 
 
+# The files a run writes beside RUN_FILES, replacing what is there: each with the test that tells a run's own (its
+# content, as written here) from a user's file of that name, which is refused, not replaced
 STATES = ("running", "done", "preempted", "interrupted", "failed")  # status.json's
-REPLACED = {"status.json": _run_status}
-REPLACED_EMBEDDED = REPLACED | {"results.json": _embedded_results, "tokenizer.json": _embedded_tokenizer,
-                                GENERATION_DEFAULTS: lambda path: _json_of(path) == EMBEDDED_EVAL,
-                                EMBEDDED_EVAL["test_data"]: _embedded_heldout}
+REPLACED = {"status.json": lambda path: _json_dict(path).get("state") in STATES}
+REPLACED_EMBEDDED = REPLACED | {
+    "results.json": lambda path: {"heldout", "train_seconds", "options"} <= _json_dict(path).keys(),  # write_results'
+    "tokenizer.json": lambda path: _json_dict(path) == json.loads(make_char_tokenizer().to_str()),
+    GENERATION_DEFAULTS: lambda path: _json_dict(path) == EMBEDDED_EVAL, EMBEDDED_EVAL["test_data"]: _embedded_heldout}
 
 
 class StatusFile:
-    """<out>/status.json, for a requeue script: {"state": running | done | preempted | interrupted | failed,
-    "checkpoint": the latest's absolute path, "step": its step, ...}. Rank 0 writes it. One that cannot be written is
-    said once (a requeue script would read a stale state), and never hides the run's own error."""
+    """<out>/status.json, for a requeue script: {"state": one of STATES, "checkpoint": the latest's absolute path,
+    "step": its step, ...}. Rank 0 writes it. One that cannot be written is said once, never hiding the run's error."""
 
     def __init__(self, out):
         self.out, self.warned = Path(out).absolute(), False
@@ -1405,14 +1329,10 @@ def stopped_state(signum):
 
 class Preemption:
     """SIGTERM or SIGUSR1 (what Slurm and most clusters send some seconds before they kill a job), or SIGINT (Ctrl-C):
-    remember it; the loop finishes its step, writes a checkpoint and exits with 128 + the signal's number (status.json:
-    preempted, or interrupted for SIGINT). Before the loop's first step (the set-up, minutes for an 8B base) and at a
-    second signal there is no checkpoint to wait for: status.json says so and the process exits at once. A second
-    signal within REPEAT_S of the first is the same notice arriving twice (Slurm signals every process of a job step,
-    and torchrun passes the signal on to its workers too): it changes nothing.
-    torchrun starts its workers in sessions of their own and passes SIGTERM and SIGINT on to them, but dies of SIGUSR1
-    and leaves them running: a worker whose launcher dies gets SIGTERM from the kernel (PR_SET_PDEATHSIG), and
-    `pending` also sees a changed parent."""
+    remember it; the loop finishes its step, writes a checkpoint and exits with 128 + the signal's number. Before the
+    loop's first step (the set-up, minutes for an 8B base) and at a second signal, the process exits at once; within
+    REPEAT_S it is the same notice twice (Slurm signals every process of a job step, and torchrun passes it on). A
+    torchrun worker whose launcher dies (of SIGUSR1) gets SIGTERM from the kernel (Linux); `pending` sees it too."""
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
     REPEAT_S = 2.0
 
@@ -1425,7 +1345,9 @@ class Preemption:
             self.previous = {s: signal.signal(s, self.handle) for s in self.SIGNALS}
             if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker
                 self.parent = os.getppid()
-                die_with_parent(signal.SIGTERM)
+                if sys.platform.startswith("linux"):  # SIGTERM when the launcher dies
+                    with contextlib.suppress(OSError, AttributeError):
+                        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
         return self
 
     def handle(self, signum, frame):
@@ -1447,8 +1369,7 @@ class Preemption:
         os.kill(os.getpid(), signum)
 
     def pending(self):
-        """The signal to stop for after this step, or 0; a torchrun worker whose launcher is gone stops as if sent
-        SIGTERM."""
+        """The signal to stop for after this step, or 0 (SIGTERM once a torchrun worker's launcher is gone)."""
         if not self.signum and self.parent is not None and os.getppid() != self.parent:
             print(f"the launcher (pid {self.parent}) is gone: stopping as if sent SIGTERM", file=sys.stderr)
             self.signum = signal.SIGTERM
@@ -1459,39 +1380,26 @@ class Preemption:
             signal.signal(s, handler)
 
 
-def die_with_parent(signum):
-    """Linux: the kernel sends this process `signum` when its parent dies (prctl PR_SET_PDEATHSIG); elsewhere nothing
-    (Preemption.pending still sees the parent go)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, int(signum))  # 1 = PR_SET_PDEATHSIG
-
-
 @contextlib.contextmanager
 def run_folder(out, resume, overwrite, embedded=False):
-    """The run's output folder, claimed for the run's life: rank 0 locks it (claim_output_folder), every rank catches
-    the preemption signals (the Preemption it yields, which train reads), and <out>/status.json tells a requeue
-    script how the run stands: running, then done, preempted (resume it), interrupted (Ctrl-C) or failed, with the
-    last checkpoint."""
+    """The run's output folder, claimed for the run's life: rank 0 locks it and keeps <out>/status.json saying how the
+    run stands; every rank catches the preemption signals (the Preemption it yields, which train reads)."""
     setup_distributed()
     lock = on_rank0(lambda: claim_output_folder(out, resume, overwrite, embedded))
     status = StatusFile(out) if is_rank0() else None
+    write_status = status.write if status else lambda state, **extra: None
     try:
         with Preemption(status) as preemption:  # its handlers stay until the final state is written
             try:
-                if status:
-                    status.write("running")
+                write_status("running")
                 yield preemption
-                if status:
-                    status.write("done")
+                write_status("done")
             except SystemExit as e:  # train's exit after a preemption checkpoint (128 + the signal)
-                if status:
-                    code = e.code if isinstance(e.code, int) else 1
-                    status.write(stopped_state(code - 128) if code > 128 else "failed", exit_code=e.code)
+                code = e.code if isinstance(e.code, int) else 1
+                write_status(stopped_state(code - 128) if code > 128 else "failed", exit_code=e.code)
                 raise
             except BaseException as e:
-                if status:
-                    status.write("failed", error=f"{type(e).__name__}: {e}")
+                write_status("failed", error=f"{type(e).__name__}: {e}")
                 raise
     finally:
         if lock is not None:
@@ -1499,16 +1407,14 @@ def run_folder(out, resume, overwrite, embedded=False):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Checkpoints: <out>/checkpoints/step-N/ = the model in an ecosystem format (a PEFT adapter, or a complete
-# Hugging Face folder) + train_state/ (torch.distributed.checkpoint: model + optimizer, sharded under FSDP2)
-# + trainer.json (TrainState, options, fingerprints) + loop_state.pt (every rank's RNG state, the LR schedule, the
-# steps not yet logged). Written to step-N.tmp and renamed when complete; <out>/latest names the newest.
+# Checkpoints: <out>/checkpoints/step-N/ = the model in an ecosystem format (a PEFT adapter, or a complete Hugging
+# Face folder) + train_state/ (torch.distributed.checkpoint: model + optimizer, sharded under FSDP2) + trainer.json
+# (TrainState, options, fingerprints) + loop_state.pt (every rank's RNG state, the LR schedule, unlogged steps).
 
 
 @dataclass
 class TrainState:
-    """Where the run is: with the model, the optimizer and loop_state.pt, all a resumed run needs to continue
-    exactly as if it had never stopped."""
+    """Where the run is: with the model, the optimizer and loop_state.pt, all a resumed run needs to go on exactly."""
     step: int = 0  # optimizer steps done
     epoch: int = 0  # the epoch of the next step
     step_in_epoch: int = 0  # its index in that epoch's order
@@ -1520,8 +1426,7 @@ class TrainState:
     total_steps: int = 0  # the run's length (and its learning-rate schedule's) when this state was saved
 
     def advance(self, result, steps_in_epoch, max_bad_steps, out):
-        """Count the step train_step just took (`result`); returns whether it ended its epoch. Stops the run after
-        `max_bad_steps` non-finite steps in a row."""
+        """Count the step train_step just took (`result`); returns whether it ended its epoch."""
         self.step += 1
         self.step_in_epoch += 1
         epoch_done = self.step_in_epoch == steps_in_epoch
@@ -1538,20 +1443,10 @@ class TrainState:
                                    f"stopping (last good checkpoint in {out / 'latest'})")
         return epoch_done
 
-    def add_time(self, since):
-        """Add the time since `since` to elapsed_s; returns now."""
-        now = time.time()
-        self.elapsed_s += now - since
-        return now
-
 
 class CheckpointManager:
-    """The run's checkpoints, built once by the loop (as torchtitan's CheckpointManager). Built, it finds what
-    --resume can continue (the newest complete checkpoint) and refuses one written with other options, data or base
-    model, before the weights load; `restore` loads it (or starts fresh); `step_done` writes a checkpoint when one is
-    due (each epoch or --save-every steps, the last step, a preemption signal on any rank), deletes this run's
-    checkpoints beyond --keep-last, keeps status.json naming the newest, and after a preemption's checkpoint exits
-    with 128 + the signal."""
+    """The run's checkpoints (as torchtitan's CheckpointManager). Built, it finds what --resume can continue and
+    refuses a checkpoint of other options, data or base model; then `restore` once, `step_done` each step, `final`."""
 
     def __init__(self, opts, world, inputs, preemption):
         self.opts, self.world, self.inputs, self.preemption = opts, world, inputs, preemption
@@ -1564,11 +1459,8 @@ class CheckpointManager:
             check_resumable(self.out / "checkpoints" / self.candidates[0], opts, world, inputs)
 
     def restore(self, model, optimizer, scheduler, beta_cache, total_steps):
-        """--resume: load the first candidate checkpoint that loads (a damaged one is skipped, saying why): the
-        model, the optimizer, the schedule, the beta cache and this rank's RNG states. Remembers what it saves later.
-        Returns (TrainState, the train_step results not yet logged); (TrainState(), []) for a fresh start. Trims
-        metrics.jsonl to the step. A run resumed with another length (--epochs or --max-steps changed) keeps its
-        steps and stretches its learning-rate schedule to the new length, as if planned so; it says so."""
+        """--resume: load the first candidate checkpoint that loads (a damaged one is skipped, saying why), RNG states
+        and beta cache included; trim metrics.jsonl. Returns (TrainState, the train_step results not yet logged)."""
         self.model, self.optimizer, self.scheduler, self.beta_cache = model, optimizer, scheduler, beta_cache
         self.device = compute_device(model)
         opts, out = self.opts, self.out
@@ -1579,8 +1471,7 @@ class CheckpointManager:
             meta = check_resumable(ckpt, opts, self.world, self.inputs)
             try:
                 loop_state = load_checkpoint(model, optimizer, scheduler, ckpt, opts.lora)
-            except (Exception, CheckpointException) as e:  # a damaged file the checks could not see (DCP's is a
-                # BaseException)
+            except (Exception, CheckpointException) as e:  # damage the checks missed (DCP's is a BaseException)
                 print0(f"--resume: cannot load {ckpt} ({type(e).__name__}: {e})")
                 if i + 1 == len(self.candidates):
                     raise RunError(f"--resume: no checkpoint in {out / 'checkpoints'} loads; start over with "
@@ -1597,16 +1488,17 @@ class CheckpointManager:
             if state.total_steps not in (0, total_steps):
                 self.stretch_schedule(state, total_steps)
             break
-        if opts.resume and not state.checkpoints:
-            print0(f"--resume: no checkpoint in {out} yet; starting at step 0")
         if opts.resume:
+            if not state.checkpoints:
+                print0(f"--resume: no checkpoint in {out} yet; starting at step 0")
             on_rank0(lambda: truncate_metrics(out / "metrics.jsonl", state.step))
         state.total_steps = total_steps
         self.preemption.looping = True  # from here a signal waits for the step's end and a checkpoint
         return state, unlogged
 
     def stretch_schedule(self, state, total_steps):
-        """The next step's learning rate from the schedule stretched to the run's new length."""
+        """A run resumed with another length (--epochs or --max-steps changed) keeps its steps: the next step's
+        learning rate comes from the schedule stretched to the new length, as if planned so."""
         opts = self.opts
         lr = opts.lr * lr_lambda(opts.schedule, opts.warmup_steps, total_steps)(state.step)
         for group in self.optimizer.param_groups:
@@ -1616,12 +1508,11 @@ class CheckpointManager:
                f"planned so; step {state.step + 1} runs at lr {lr:.3g}")
 
     def step_done(self, state, unlogged, epoch_done):
-        """After each optimizer step (every rank): a checkpoint when one is due or any rank caught a preemption
-        signal; after a preemption's checkpoint, exit with 128 + the signal."""
-        signum = all_reduce_max(self.preemption.pending(), self.device)
-        every = self.opts.save_every
-        if (every and state.step % every == 0) or (not every and epoch_done) or state.step == state.total_steps \
-                or signum:
+        """After each optimizer step (every rank): a checkpoint when due (each epoch or --save-every steps, the last
+        step) or when any rank caught a preemption signal; after a preemption's checkpoint, exit with 128 + it."""
+        signum = int(all_reduce([self.preemption.pending()], self.device, op="max")[0])
+        due = state.step % self.opts.save_every == 0 if self.opts.save_every else epoch_done
+        if due or state.step == state.total_steps or signum:
             self.save_step(state, unlogged)
         if signum:
             print0(f"{stopped_state(signum)} by {signal.Signals(signum).name} at step {state.step}: checkpoint "
@@ -1638,15 +1529,13 @@ class CheckpointManager:
         return final
 
     def save_step(self, state, unlogged):
-        """The checkpoint of step state.step (every rank calls it), then rotation: only this run's checkpoints beyond
-        the newest --keep-last are deleted."""
+        """The checkpoint of step state.step (every rank calls it), then rotation to the newest --keep-last."""
         opts, out = self.opts, self.out
         name = f"step-{state.step:07d}"
         ours = [n for n in state.checkpoints if n != name] + [name]
         state.checkpoints = ours[-opts.keep_last:]
-        device = compute_device(self.model)
-        rng = gather_objects({"cpu": torch.get_rng_state(),
-                              "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
+        rng = gather_objects({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(self.device)
+                              if self.device.type == "cuda" else None})
         trainer = dict(state=dataclasses.asdict(state), options=dataclasses.asdict(opts), world_size=self.world,
                        fingerprints=self.inputs.fingerprints, resolved=self.inputs.resolved)
         loop_state = dict(rng=rng, scheduler=self.scheduler.state_dict(), log_window=unlogged,
@@ -1689,8 +1578,7 @@ def checkpoint_files(folder):
 
 
 def delete_own_files(folder):
-    """Delete what a checkpoint's own (checkpoint_files) in `folder` and the folders that end up empty; say once what
-    is kept. Returns the kept paths."""
+    """Delete a checkpoint's own files (checkpoint_files) in `folder` and the folders left empty; say what is kept."""
     ours, theirs = checkpoint_files(folder)
     if not theirs:
         shutil.rmtree(folder, ignore_errors=True)
@@ -1707,9 +1595,8 @@ def delete_own_files(folder):
 
 
 def move_into(tmp, folder):
-    """A new checkpoint's files (tmp) moved into `folder`, which holds a user's files only (delete_own_files):
-    trainer.json last, so that a kill midway leaves a checkpoint resume refuses as incomplete. A part that is a
-    user's file or symbolic link (written through, it would change what it points to) is refused, nothing moved."""
+    """A new checkpoint's files (tmp) moved into `folder`, which holds a user's files only: trainer.json last (a kill
+    midway leaves an incomplete checkpoint). A part that is a user's file or symbolic link is refused, nothing moved."""
     targets = [folder / part.name for part in tmp.iterdir() if part.is_dir()]
     blocked = [str(t) for t in targets if t.is_symlink() or t.exists() and not t.is_dir()]
     if blocked:
@@ -1723,9 +1610,8 @@ def move_into(tmp, folder):
 
 
 def delete_checkpoint(folder):
-    """Rotation's delete of an old checkpoint of this run: renamed to .tmp first (a kill in mid-delete leaves a .tmp
-    that start-up removes), then removed; a user's files in it are kept where they are (delete_own_files). One that
-    cannot be deleted (a read-only folder in it) is left whole and said. Returns False when it kept it whole."""
+    """Rotation's delete of an old checkpoint of this run: renamed to .tmp first (start-up removes a .tmp a kill left),
+    then removed; a user's files in it stay where they are. Returns False when it kept it whole (a read-only folder)."""
     if not folder.exists():
         return True
     parts = [folder.parent, folder] + [d for d in folder.rglob("*") if d.is_dir() and not d.is_symlink()]
@@ -1744,8 +1630,7 @@ def delete_checkpoint(folder):
 
 
 def saved_checkpoints(folder, up_to):
-    """The names of the checkpoints in `folder` (checkpoints/) up to step `up_to`, oldest first: every step-N folder
-    holding a checkpoint's files, those a kill left behind included."""
+    """The step-N checkpoints in `folder` up to step `up_to`, oldest first, those a kill left behind included."""
     found = [p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()] if folder.is_dir() else []
     return sorted(p.name for p in found if (m := CHECKPOINT_NAME.fullmatch(p.name)) and not m.group(2)
                   and int(m.group(1)) <= up_to and checkpoint_files(p)[0])
@@ -1761,9 +1646,8 @@ class Export:
 
 
 def export_pretrained(config, state_dict, path, dtype, files=()):
-    """A Hugging Face folder from a full state dict: the module built on the meta device and filled with
-    assign=True (never randomly initialised), the weights cast to `dtype` one by one (each float32 tensor is freed
-    as its copy is made), config.json's torch_dtype saying so, and `files` copied beside them."""
+    """A Hugging Face folder from a full state dict: the module built on the meta device, filled with assign=True,
+    the weights cast to `dtype` one by one (each float32 tensor freed as its copy is made), and `files` beside them."""
     with torch.device("meta"):
         export = LLaDA(config)
     export.load_state_dict({k: state_dict.pop(k).to(dtype) for k in list(state_dict)}, assign=True)
@@ -1773,9 +1657,8 @@ def export_pretrained(config, state_dict, path, dtype, files=()):
 
 
 def save_checkpoint(model, optimizer, folder, trainer, loop_state, lora, export):
-    """Every rank calls it. The model in an ecosystem format (LoRA: a PEFT adapter, and with export.merged the
-    merged model; full: a Hugging Face folder), the sharded training state, trainer.json (`trainer`) and
-    loop_state.pt, written to <folder>.tmp and renamed to `folder` when complete; then <out>/latest names it."""
+    """Every rank calls it: the checkpoint (its parts: the comment above CheckpointManager) written to <folder>.tmp,
+    renamed to `folder` when complete, then named in <out>/latest. A failed write says where and frees the space."""
     tmp = folder.with_name(folder.name + ".tmp")
     try:
         write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, export)
@@ -1821,17 +1704,15 @@ def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, e
     barrier()
 
 
-# Reading a checkpoint runs no code from it. torch.distributed.checkpoint's FileSystemReader unpickles
-# train_state/.metadata with pickle.load, and its load planner reads the non-tensor values (the optimizer's settings)
-# with torch.load(weights_only=False): a pickle planted in either would run its code at --resume. These read them as
-# torch.load(weights_only=True) reads weights: only what a checkpoint's metadata is made of is built.
+# Reading a checkpoint runs no code from it. torch.distributed.checkpoint's FileSystemReader unpickles .metadata with
+# pickle.load, its load planner the non-tensor values (the optimizer's settings) with torch.load(weights_only=False):
+# a planted pickle would run at --resume. These build only what a checkpoint's metadata is made of.
 
 METADATA_CLASSES = {("torch.distributed.checkpoint.metadata", name) for name in (
     "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-    "TensorProperties", "_MEM_FORMAT_ENCODING")} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-    ("collections", "OrderedDict")}
+    "TensorProperties", "_MEM_FORMAT_ENCODING")} | {("torch", "Size"), ("collections", "OrderedDict"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")}
 
 
 class MetadataUnpickler(pickle.Unpickler):
@@ -1858,8 +1739,7 @@ class CheckpointReader(dcp.FileSystemReader):
 
 
 class CheckpointLoadPlanner(DefaultLoadPlanner):
-    """DefaultLoadPlanner whose non-tensor values are read by torch.load(weights_only=True); the planner is given
-    them back as a pickle of what that built."""
+    """DefaultLoadPlanner whose non-tensor values are read by torch.load(weights_only=True), then pickled again."""
 
     def load_bytes(self, read_item, value):
         safe = io.BytesIO()
@@ -1869,8 +1749,7 @@ class CheckpointLoadPlanner(DefaultLoadPlanner):
 
 
 def checkpoint_problem(ckpt):
-    """Why checkpoint folder `ckpt` cannot be resumed from, or None: a missing part, an unreadable trainer.json, or a
-    train_state shard shorter than its metadata says (a truncated copy)."""
+    """Why checkpoint folder `ckpt` cannot be resumed from, or None: a missing, unreadable or truncated part."""
     if not ckpt.is_dir():
         return "the folder does not exist"
     for part in ("trainer.json", "loop_state.pt", "train_state/.metadata"):
@@ -1903,16 +1782,15 @@ def checkpoint_problem(ckpt):
 
 
 def resume_candidates(out):
-    """Rank 0, for --resume: the names of the checkpoints to try, best first: the one <out>/latest names, then the
-    other complete ones, newest first. Says which it skips and why. [] when the run has no checkpoint yet."""
+    """Rank 0, for --resume: the checkpoints to try (names), <out>/latest's first, then the others newest first;
+    says which it skips and why."""
     latest = out / "latest"
     named = latest.read_text().strip() if latest.is_file() else ""
     folders = sorted((p for p in (out / "checkpoints").glob("step-*") if not p.name.endswith(".tmp")), reverse=True)
     order = ([out / "checkpoints" / named] if named else []) + [p for p in folders if p.name != named]
     good, notes = [], [] if named else [f"{latest} is {'empty' if latest.exists() else 'missing'}"]
     for ckpt in order:
-        problem = checkpoint_problem(ckpt)
-        if problem:
+        if problem := checkpoint_problem(ckpt):
             notes.append(f"skipping {ckpt}: {problem}")
         else:
             good.append(ckpt.name)
@@ -1966,8 +1844,7 @@ def check_resumable(ckpt, opts, world, inputs):
 
 def file_fingerprints(folder):
     """The base folder's fingerprint file by file, for --resume to name the file that changed: config.json and the
-    tokenizer (tokenizer.json, or a slow tokenizer's vocab.json and merges.txt) by content (JSON parsed and dumped
-    canonically: a reformatted file is the same file), the weights whole (as model.folder_fingerprint)."""
+    tokenizer by content (JSON canonically: a reformatted file is the same file), the weights whole."""
     folder, prints = Path(folder), {}
     for name in ("config.json", "tokenizer.json", "vocab.json", "merges.txt"):
         if (folder / name).is_file():
@@ -1981,8 +1858,7 @@ def file_fingerprints(folder):
 
 
 def check_same_inputs(fingerprints):
-    """Every rank reads the data and the base model itself: refuse to train when they differ between ranks (a file
-    changed while the ranks read it, a node with another copy), naming the ranks and their fingerprints."""
+    """Refuse to train when the ranks read different data or base models (a file changed meanwhile, another copy)."""
     every = gather_objects({k: fingerprints.get(k) for k in ("data", "examples", "model", "files")})
     for key, what in (("data", "training data"), ("model", "base model"), ("files", "base model")):
         if any(f[key] != every[0][key] for f in every):
@@ -2007,17 +1883,14 @@ def load_checkpoint(model, optimizer, scheduler, ckpt, lora):
 
 
 def truncate_metrics(path, step):
-    """Rank 0, on resume: keep the metrics.jsonl records of steps <= `step` (the resumed checkpoint's); the later
-    ones are recomputed, identically. A torn last line (a kill in mid-write) goes too."""
+    """Rank 0, on resume: keep metrics.jsonl's records of steps <= `step` (later ones are recomputed; torn ones go)."""
     if not path.exists():
         return
     kept = []
     for line in path.read_text().splitlines():
-        try:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
             if json.loads(line)["step"] <= step:
                 kept.append(line + "\n")
-        except (ValueError, KeyError, TypeError):
-            pass
     atomic_write_text(path, "".join(kept))
 
 
@@ -2026,9 +1899,8 @@ def truncate_metrics(path, step):
 
 
 class MetricsLog:
-    """The run's log: one line on rank 0 and one metrics.jsonl record every --log-every steps and at the last, over
-    the train_step results since the previous record (`unlogged`, which each checkpoint saves, so that a resumed run
-    writes the same records). Adds each step's time to the TrainState."""
+    """The run's log: a line and a metrics.jsonl record (rank 0) every --log-every steps and at the last, over the
+    train_step results since the previous record (`unlogged`: checkpoints save it, so a resumed run writes the same)."""
 
     def __init__(self, out, log_every, state, total_steps, unlogged, wandb_project="", config=None):
         self.file = open(out / "metrics.jsonl", "a") if is_rank0() else None
@@ -2037,7 +1909,9 @@ class MetricsLog:
         self.tracker = WandbRun(wandb_project, out, config) if wandb_project and is_rank0() else None
 
     def add(self, result, state, epoch, lr):
-        self.t_last = state.add_time(self.t_last)
+        now = time.time()
+        state.elapsed_s += now - self.t_last
+        self.t_last = now
         self.unlogged.append(result)
         if state.step % self.log_every == 0 or state.step == self.total_steps:
             eta_s = (time.time() - self.t_attempt) / (state.step - self.first_step) * (self.total_steps - state.step)
@@ -2049,11 +1923,9 @@ class MetricsLog:
 
 
 class WandbRun:
-    """--wandb-project: every metrics.jsonl record also goes to a Weights & Biases run (rank 0 only). metrics.jsonl
-    stays the record. The run's id is kept in <out>/wandb_run_id, so --resume continues the same W&B run (a resumed
-    run writes again the records after its checkpoint, with the same values; W&B keeps the steps it already has).
-    W&B rather than TensorBoard: a run id that resumes, offline runs synced later (WANDB_MODE=offline, then
-    `wandb sync`), and the configuration beside the curves, with no log folder to copy off a cluster's nodes."""
+    """--wandb-project: every metrics.jsonl record (still the record) also goes to a Weights & Biases run, from rank
+    0. Its id is kept in <out>/wandb_run_id, so --resume continues the same W&B run. W&B rather than TensorBoard: a
+    run id that resumes, offline runs synced later (WANDB_MODE=offline, then `wandb sync`), no log folder to copy."""
 
     def __init__(self, project, out, config):
         import wandb  # here, not at the top: a run without --wandb-project imports nothing new
@@ -2068,9 +1940,8 @@ class WandbRun:
 
 
 def log_record(window, state, epoch, total_steps, lr, eta_s):
-    """One metrics.jsonl record for the train_step results in `window` (the steps since the last record): loss and
-    gradient norm averaged over the steps; the masked fraction and the beta statistics pooled over every answer
-    token of every micro-batch and rank. Non-finite values become None (JSON null)."""
+    """One metrics.jsonl record for the train_step results in `window`: loss and gradient norm averaged over the
+    steps; the masked fraction and the beta statistics pooled over every answer token. Non-finite values: None."""
     total = {k: sum(w[k] for w in window) for k in COUNTS}
     record = dict(step=state.step, total_steps=total_steps, epoch=epoch,
                   loss=sum(w["loss"] for w in window) / len(window), lr=lr,
@@ -2085,8 +1956,7 @@ def log_record(window, state, epoch, total_steps, lr, eta_s):
 
 
 def log(metrics, record):
-    """Print the record as one line a person can scan (rank 0) and append it to metrics.jsonl (`metrics`: the open
-    file on rank 0, else None)."""
+    """Print the record as one line (rank 0) and append it to metrics.jsonl (`metrics`: the open file, or None)."""
     r, num = record, lambda v, f: "nan" if v is None else format(v, f)
     beta = f" | beta {num(r['beta_mean'], '.3g')} +- {num(r['beta_std'], '.2g')}" if "beta_mean" in r else ""
     skipped = f" | {r['skipped_steps']} skipped" if r["skipped_steps"] else ""
@@ -2122,10 +1992,9 @@ def banner(opts, inputs, model, world, device, dtype, total_steps, global_batch)
     c = unwrap(model).config
     what = (f"LoRA r {opts.lora_r} on {opts.lora_targets}" if opts.lora else "full fine-tuning") + f", loss {opts.loss}"
     base = opts.model or "a tiny LLaDA from scratch (the embedded task)"
-    family = "Dream, " if c.model_type == "Dream" else ""
+    family = f"{c.family.architecture}, " if c.model_type else ""  # a config made in code: LLaDA, said already
     return (f"gift.py: {what}; {base}: {n_params / 1e6:.2f}M parameters ({family}d_model {c.d_model}, "
-            f"{c.n_layers} layers, "
-            f"{c.n_heads} heads); {world} process{'es' if world > 1 else ''} on {device.type}, "
+            f"{c.n_layers} layers, {c.n_heads} heads); {world} process{'es' if world > 1 else ''} on {device.type}, "
             f"{str(dtype).replace('torch.', '')}; {total_steps} optimizer steps of {global_batch} examples; "
             f"output {opts.out}")
 
@@ -2135,8 +2004,7 @@ def banner(opts, inputs, model, world, device, dtype, total_steps, global_batch)
 
 
 def write_results(out, opts, results, folder, train_s, total_s, puzzle):
-    """<out>/results.json (the embedded task's accuracies, times, settings, commit) and the commands to chat with
-    and to evaluate the model, printed last."""
+    """<out>/results.json (accuracies, times, settings, commit), then the commands to chat with and evaluate it."""
     commit = None
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, text=True,

@@ -9,12 +9,10 @@ tests/golden, github.com/ML-GSAI/LLaDA's Hugging Face modeling_llada.py):
     logits = ff_out_head(ln_f(x))                                      # untied LM head, no logit scaling
 Attention is full (non-causal): every token sees every non-padding token.
 
-The same transformer runs Dream-v0 (github.com/HKUNLP/Dream: Qwen2.5 made bidirectional, a folder whose config.json
-says model_type "Dream"). Where the two families differ, a config field or a name map carries the difference, never a
-second copy of a block: Qwen's config.json field names (DREAM_FIELDS) and checkpoint key names (DREAM_MODULES) are
-translated at every file boundary, so inside, the modules keep LLaDA's names; q/k/v have biases (include_qkv_bias);
-the head may be the embedding matrix (weight_tying, Dream's tie_word_embeddings); and the logits at position i - 1
-predict token i (config.predicts_shifted), which forward() leaves to the caller, as the official model does.
+The same transformer runs Dream-v0 (github.com/HKUNLP/Dream: Qwen2.5 made bidirectional, config.json's model_type
+"Dream"). Where the two families differ, a Family field (FAMILIES) carries the difference, never a second copy of a
+block: Qwen's field and key names are translated at every file boundary (DREAM_FIELDS, DREAM_MODULES), so inside, the
+modules keep LLaDA's names; its logits at position i - 1 predict token i, which forward() leaves to the caller.
 """
 
 import collections
@@ -70,14 +68,38 @@ DREAM_MODULES = (
     ("model.transformer.ln_f", "model.norm"),
     ("model.transformer.ff_out", "lm_head"),
 )
+
+
+@dataclass(frozen=True)
+class Family:
+    """What sets a model family apart, read once from config.json's model_type (LLaDAConfig.family): every other
+    place asks these fields, never the name."""
+    architecture: str  # as errors and the run's banner name it
+    fields: dict  # config.json's names of our fields and their defaults, {} = ours (LLaDA's)
+    modules: tuple  # checkpoint names of our modules, () = ours
+    implied: dict  # fields its config.json does not say (Dream: q/k/v biases, embedding rows = vocab_size)
+    unsupported: dict  # its config.json fields this implementation does not compute, with the value it computes
+    may_tie_head: bool  # the LM head may be the embedding matrix (weight_tying)
+    predicts_shifted: bool  # the logits at position i - 1 predict token i (its generation code shifts them right)
+    rope_in_float32: bool  # RoPE in float32 (LLaDA's rope_full_precision); else in the activations' dtype (Dream)
+    pad_attends_nothing: bool  # a padded query attends to nothing, and the embedding's pad row is padding_idx (Dream)
+
+
+FAMILIES = {  # config.json's model_type -> the family (none: LLaDA, a config made in code)
+    "llada": Family("LLaDA", {}, (), {}, {}, may_tie_head=False, predicts_shifted=False, rope_in_float32=True,
+                    pad_attends_nothing=False),
+    "Dream": Family("Dream-v0", DREAM_FIELDS, DREAM_MODULES, dict(include_qkv_bias=True, embedding_size=None),
+                    DREAM_UNSUPPORTED, may_tie_head=True, predicts_shifted=True, rope_in_float32=False,
+                    pad_attends_nothing=True),
+}
+
 TIED_HEAD = "model.transformer.ff_out.weight"  # with weight_tying, the embedding matrix: not stored a second time
 
 
 def rename(name, pairs):
     """`name` (a module, parameter or PEFT key) with its leading module path replaced by the pair that matches it."""
     for src, dst in pairs:
-        m = re.match(re.escape(src).replace(r"\{i\}", r"(\d+)") + r"(?=\.|$)", name)
-        if m:
+        if m := re.match(re.escape(src).replace(r"\{i\}", r"(\d+)") + r"(?=\.|$)", name):
             return dst.replace("{i}", "".join(m.groups())) + name[m.end():]
     return name
 
@@ -118,23 +140,18 @@ class LLaDAConfig:
     attention_dropout: float = 0.0
     residual_dropout: float = 0.0
     embedding_dropout: float = 0.0
-    # config.json's model_type: "Dream" reads and writes Dream-v0's names (DREAM_FIELDS, DREAM_MODULES); LLaDA's
-    # folders say "llada" (None: LLaDA, a config made in code, written without the field)
+    # config.json's model_type, a key of FAMILIES (None: LLaDA, a config made in code, written without the field)
     model_type: str | None = None
     # every other field of config.json (auto_map, init_fn, ...) is kept verbatim so a round trip loses nothing
     extra: dict = field(default_factory=dict)
 
-    # what the code requires of each fixed field (the value it computes)
     _REQUIRED = dict(activation_type="silu", block_type="llama", layer_norm_type="rms", weight_tying=False,
                      include_bias=False, include_qkv_bias=False, bias_for_layer_norm=False,
                      layer_norm_with_affine=True, alibi=False, rope=True, scale_logits=False,
                      input_emb_norm=False, attention_layer_norm=False, block_group_size=1,
                      attention_dropout=0.0, residual_dropout=0.0, embedding_dropout=0.0)
 
-    def __post_init__(self):
-        self.finish()
-
-    def finish(self, source="config"):
+    def __post_init__(self, source="config"):
         """Check the types, fill the derived fields (None: computed from the others), then check the values."""
         self.check_types(source)
         self.n_kv_heads = self.n_kv_heads or self.n_heads
@@ -145,9 +162,7 @@ class LLaDAConfig:
     def check_types(self, source="config"):
         """Each field against its annotation: ints are JSON integers (4096, not "4096" or 4096.5), floats any JSON
         number, booleans true / false; null only where the annotation allows None. Sizes must be positive."""
-        for f in dataclasses.fields(self):
-            if f.name == "extra":
-                continue
+        for f in (f for f in dataclasses.fields(self) if f.name != "extra"):
             value, types = getattr(self, f.name), getattr(f.type, "__args__", (f.type,))
             ok = (value is None and type(None) in types
                   or isinstance(value, bool) and bool in types
@@ -165,22 +180,19 @@ class LLaDAConfig:
                 raise ValueError(f"{source}: field {self.json_name(name)!r} = {getattr(self, name)} must be positive")
 
     def check(self, source="config"):
-        if self.model_type not in (None, "llada", "Dream"):
+        if self.model_type not in (None, *FAMILIES):
             raise ValueError(f"{source}: field 'model_type' = {self.model_type!r} is not supported (this "
                              "implementation computes LLaDA, model_type \"llada\", and Dream-v0, \"Dream\")")
-        dream, n = self.model_type == "Dream", self.json_name
+        family, n = self.family, self.json_name
         # Dream-v0 (Qwen2.5) computes LLaDA's fixed choices but two: biases on q, k, v, and a head tied or not
-        required = ({**{k: v for k, v in self._REQUIRED.items() if k != "weight_tying"}, "include_qkv_bias": True}
-                    if dream else self._REQUIRED)
-        for name, want in required.items():
-            if getattr(self, name) != want:
-                raise ValueError(f"{source}: field {n(name)!r} = {getattr(self, name)!r} is not supported (this "
-                                 f"implementation computes the {'Dream-v0' if dream else 'LLaDA-8B'} architecture, "
-                                 f"{n(name)} = {want!r})")
-        for name, want in DREAM_UNSUPPORTED.items() if dream else ():
-            if self.extra.get(name, want) != want:
-                raise ValueError(f"{source}: field {name!r} = {self.extra[name]!r} is not supported (this "
-                                 f"implementation computes the Dream-v0 architecture, {name} = {want!r})")
+        required = {k: v for k, v in self._REQUIRED.items() if not (k == "weight_tying" and family.may_tie_head)}
+        required |= {k: v for k, v in family.implied.items() if k in required}
+        fixed = ([(n(k), getattr(self, k), want) for k, want in required.items()]
+                 + [(k, self.extra.get(k, want), want) for k, want in family.unsupported.items()])  # kept in extra
+        for name, value, want in fixed:
+            if value != want:
+                raise ValueError(f"{source}: field {name!r} = {value!r} is not supported (this implementation "
+                                 f"computes the {family.architecture} architecture, {name} = {want!r})")
         # the two real numbers the forward uses: a value that would make every loss NaN is refused here, by name
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 1):
             raise ValueError(f"{source}: field {n('rope_theta')!r} = {self.rope_theta} must be a finite number greater "
@@ -197,7 +209,7 @@ class LLaDAConfig:
                              f"({self.n_heads}) and {n('n_heads')} by {n('n_kv_heads')} ({self.n_kv_heads})")
         if (self.d_model // self.n_heads) % 2:
             raise ValueError(f"{source}: head_dim = {n('d_model')} / {n('n_heads')} must be even for RoPE")
-        if dream and not 0 <= self.pad_token_id < self.embedding_size:  # Dream's embedding takes it as padding_idx
+        if family.pad_attends_nothing and not 0 <= self.pad_token_id < self.embedding_size:  # wte's padding_idx
             raise ValueError(f"{source}: field 'pad_token_id' = {self.pad_token_id} is not a row of the embedding "
                              f"(vocab_size {self.vocab_size})")
 
@@ -206,29 +218,29 @@ class LLaDAConfig:
         return self.d_model // self.n_heads
 
     @property
-    def predicts_shifted(self):
-        """True for Dream: the logits at position i - 1 predict token i (its generation code shifts them right by
-        one, logits[:, i] <- logits[:, i - 1], position 0 keeping its own); LLaDA's at position i predict token i."""
-        return self.model_type == "Dream"
+    def family(self):
+        """The family config.json's model_type names (FAMILIES; none: LLaDA)."""
+        return FAMILIES.get(self.model_type or "llada", FAMILIES["llada"])
 
     @property
-    def rope_in_float32(self):
-        """RoPE computed in float32 (LLaDA: rope_full_precision), or, for Dream, in the activations' dtype with cos
-        and sin rounded to it, as Dream's official code does (bf16 runs differ; float32 ones do not)."""
-        return self.model_type != "Dream"
+    def predicts_shifted(self):  # Family.predicts_shifted (shift_right aligns such outputs)
+        return self.family.predicts_shifted
+
+    @property
+    def rope_in_float32(self):  # Family.rope_in_float32 (apply_rope)
+        return self.family.rope_in_float32
 
     def json_name(self, name):
         """Our field `name` as this family's config.json spells it (Dream: DREAM_FIELDS)."""
-        return DREAM_FIELDS[name][0] if self.model_type == "Dream" and name in DREAM_FIELDS else name
+        return self.family.fields.get(name, (name,))[0]
 
     def checkpoint_name(self, name):
-        """Our module or parameter name as this family's checkpoint and PEFT adapters spell it (Dream:
-        DREAM_MODULES)."""
-        return rename(name, DREAM_MODULES) if self.model_type == "Dream" else name
+        """Our module or parameter name as this family's checkpoint and PEFT adapters spell it."""
+        return rename(name, self.family.modules)
 
     def module_name(self, key):
         """A checkpoint key or module name of this family, as our module tree spells it."""
-        return rename(key, [(theirs, ours) for ours, theirs in DREAM_MODULES]) if self.model_type == "Dream" else key
+        return rename(key, [(theirs, ours) for ours, theirs in self.family.modules])
 
     @classmethod
     def from_json(cls, path):
@@ -246,26 +258,27 @@ class LLaDAConfig:
     def from_dict(cls, raw, source="config"):
         """The config of config.json's fields `raw`: LLaDA's, or with model_type "Dream" Dream-v0's, read through
         DREAM_FIELDS (a field left out takes DreamConfig's default, not LLaDA's). The others are kept in `extra`."""
-        dream = raw.get("model_type") == "Dream"
-        names = ({ours: theirs for ours, (theirs, _) in DREAM_FIELDS.items()} if dream else
+        family = FAMILIES.get(raw.get("model_type"), FAMILIES["llada"])  # an unknown model_type: refused by check()
+        names = ({ours: theirs for ours, (theirs, _) in family.fields.items()} if family.fields else
                  {f.name: f.name for f in dataclasses.fields(cls) if f.name != "extra"})
         cfg = cls.__new__(cls)  # fill, then validate with the file named in any error
         for f in dataclasses.fields(cls):
-            default = DREAM_FIELDS[f.name][1] if dream and f.name in DREAM_FIELDS else (
+            default = family.fields[f.name][1] if f.name in family.fields else (
                 f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
             setattr(cfg, f.name, raw[names[f.name]] if names.get(f.name) in raw else default)
-        if dream:  # what Dream's config.json does not say: q/k/v biases, one embedding row per vocabulary entry
-            cfg.model_type, cfg.include_qkv_bias, cfg.embedding_size = "Dream", True, None
+        for name, value in family.implied.items():  # what its config.json does not say
+            setattr(cfg, name, value)
+        cfg.model_type = raw.get("model_type")
         cfg.extra = {k: v for k, v in raw.items() if k not in {*names.values(), "model_type"}}
-        cfg.finish(source=source)
+        cfg.__post_init__(source)  # what the constructor runs
         return cfg
 
     def to_dict(self):
         """config.json's fields, named as this family's config.json names them, `extra` included."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
-        if self.model_type == "Dream":
-            d = {theirs: d[ours] for ours, (theirs, _) in DREAM_FIELDS.items()} | {"model_type": "Dream"}
-        elif self.model_type is None:  # a config made in code: written as before the field existed
+        if self.family.fields:
+            d = {theirs: d[ours] for ours, (theirs, _) in self.family.fields.items()} | {"model_type": self.model_type}
+        elif self.model_type is None:  # a config made in code: its config.json says no model_type
             del d["model_type"]
         return dict(sorted({**self.extra, **d}.items()))  # HF writes keys sorted
 
@@ -306,9 +319,7 @@ def rope_cos_sin(L, head_dim, theta, device, positions=None):
 def apply_rope(x, cos, sin, in_float32=True):
     """x (B, H, L, hd): x*cos + rotate_half(x)*sin, rotate_half([a, b]) = [-b, a], in float32 (LLaDA), or else in x's
     dtype with cos and sin rounded to it (Dream's official code: the same in float32, not in bf16)."""
-    if not in_float32:
-        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    x32 = x.float() if in_float32 else x
+    x32, cos, sin = (x.float(), cos, sin) if in_float32 else (x, cos.to(x.dtype), sin.to(x.dtype))
     a, b = x32.chunk(2, dim=-1)
     return (x32 * cos + torch.cat([-b, a], dim=-1) * sin).to(x.dtype)
 
@@ -347,13 +358,9 @@ class Block(nn.Module):
     def forward(self, x, rope, key_mask, kv=None, start=0, attn_rows=None, kv_write=False):
         """x (B, S, D) at positions start .. start + S - 1; rope (S, hd) or, one row per sequence, (B, 1, S, hd)
         complex, cos + i sin of those positions (see LLaDA.forward for why complex); key_mask None or (B, 1, 1 or S,
-        L_all) bool, True = may be attended to. kv: None, or a list:
-        empty, this call's keys and values (B, Hkv, S, hd) are appended to it; holding (k, v) of a whole sequence
-        from an earlier call, the other positions' keys and values come from it (Fast-dLLM's cache, sample.py).
-        attn_rows (inference only): (qs, qe, rows): the attention probabilities of this call's queries qs .. qe - 1,
-        averaged over heads, (B, qe - qs, L_all), are appended to the list rows (sample.py's drift test).
-        kv_write: with a held (k, v), this span's keys and values are written into it, in place (sample.py's
-        windowed refresh), and read from it."""
+        L_all) bool, True = may be attended to. kv: None, or this block's entry of LLaDA.forward's kv_cache: empty,
+        this call's (k, v) (B, Hkv, S, hd) are appended to it; else the other positions' come from it. attn_rows,
+        kv_write: as in LLaDA.forward."""
         B, L, D = x.shape
         cos, sin = rope.real, rope.imag  # (L, hd) or (B, 1, L, hd) float32
         n = self.attn_norm(x)
@@ -363,14 +370,12 @@ class Block(nn.Module):
         q, k = apply_rope(q, cos, sin, self.rope_in_float32), apply_rope(k, cos, sin, self.rope_in_float32)
         if kv is not None and not kv:
             kv.append((k, v))
-        elif kv is not None and kv_write:  # this span's keys / values replace the cached ones
+        elif kv is not None:  # cached keys / values before and after this span: (B, Hkv, L_all, hd)
             (k_all, v_all), end = kv[0], start + L
-            k_all[:, :, start:end], v_all[:, :, start:end] = k, v
-            k, v = k_all, v_all  # (B, Hkv, L_all, hd)
-        elif kv is not None:  # cached keys / values before and after this span
-            (k_all, v_all), end = kv[0], start + L
-            k = torch.cat([k_all[:, :, :start], k, k_all[:, :, end:]], dim=2)  # (B, Hkv, L_all, hd)
-            v = torch.cat([v_all[:, :, :start], v, v_all[:, :, end:]], dim=2)
+            if kv_write:  # this span's keys / values replace the cached ones, in place
+                k_all[:, :, start:end], v_all[:, :, start:end] = k, v
+            k = k_all if kv_write else torch.cat([k_all[:, :, :start], k, k_all[:, :, end:]], dim=2)
+            v = v_all if kv_write else torch.cat([v_all[:, :, :start], v, v_all[:, :, end:]], dim=2)
         if attn_rows is not None:
             qs, qe, rows = attn_rows
             mask = key_mask if key_mask is None or key_mask.shape[2] == 1 else key_mask[:, :, qs:qe]
@@ -383,15 +388,20 @@ class Block(nn.Module):
         return h + self.ff_out(F.silu(self.ff_proj(m)) * self.up_proj(m))
 
 
+def shift_right(h):
+    """Dream's alignment of its outputs (B, L, ...): the one at i - 1 moved to position i, position 0 keeping its own
+    (the official `logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)`), so position i predicts token i."""
+    return torch.cat([h[:, :1], h[:, :-1]], dim=1)
+
+
 class LLaDA(nn.Module):
     """LLaDA, or Dream-v0 when config.model_type is "Dream" (the module docstring): one module tree, LLaDA's names."""
 
     def __init__(self, config: LLaDAConfig):
         super().__init__()
         self.config = config
-        # Dream's embedding takes the pad id as padding_idx, so (as in the official code) that row gets no gradient
-        # from the input side
-        padding_idx = config.pad_token_id if config.model_type == "Dream" else None
+        # Dream's embedding takes the pad id as padding_idx (as the official code): that row gets no input gradient
+        padding_idx = config.pad_token_id if config.family.pad_attends_nothing else None
         self.model = nn.Module()  # the extra level gives the official "model.transformer.*" key names
         self.model.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.embedding_size, config.d_model, padding_idx=padding_idx),
@@ -408,14 +418,12 @@ class LLaDA(nn.Module):
         return self.model.transformer.ff_out
 
     @property
-    def predicts_shifted(self):
-        """True for Dream: its logits at position i - 1 predict token i (LLaDAConfig.predicts_shifted)."""
+    def predicts_shifted(self):  # Family.predicts_shifted
         return self.config.predicts_shifted
 
     def tie_weights(self):
-        """With weight_tying (Dream's tie_word_embeddings) the head's weight IS the embedding matrix: one parameter
-        under two names, as in Hugging Face. Loading with assign=True and leaving the meta device give each name
-        its own tensor; this makes them one again (from_pretrained and every move call it)."""
+        """With weight_tying (Dream's tie_word_embeddings) the head's weight IS the embedding matrix, as in Hugging
+        Face. Loading with assign=True and leaving the meta device give each name its own tensor: this ties them."""
         if self.config.weight_tying:
             self.model.transformer.ff_out.weight = self.model.transformer.wte.weight
 
@@ -454,9 +462,9 @@ class LLaDA(nn.Module):
         whole sequence. A filled one lets input_ids be a span: positions start .. start + S - 1 of the sequence the
         cache was made from; every other position's keys and values are the cached ones (stale where those tokens
         have changed since: the approximation of a cached sampler). attention_mask stays over the whole sequence.
-        Without kv_cache the forward is the plain one. attn_rows (inference only): (qs, qe, rows): each block appends
-        to the list rows its head-averaged attention probabilities of queries qs .. qe - 1 of input_ids (Block).
-        kv_write (with a filled kv_cache): the span's keys and values are also written into the cache (Block)."""
+        kv_write: the span's keys and values are also written into the filled cache. attn_rows (inference only):
+        (qs, qe, rows): each block appends to the list rows its head-averaged attention probabilities of queries
+        qs .. qe - 1 of input_ids, (B, qe - qs, L_all) (sample.py's drift test)."""
         tr = self.model.transformer
         B, L = input_ids.shape
         x = tr.wte(input_ids)  # (B, L, D)
@@ -467,20 +475,18 @@ class LLaDA(nn.Module):
         cos, sin = rope_cos_sin(L_all, self.config.head_dim, self.config.rope_theta, x.device, position_ids)
         # one complex tensor, (L, hd) (or (B, 1, L, hd)) for this span's positions: FSDP2's mixed precision casts a
         # block's floating-point inputs to bf16, which would round the cos and sin tables that the official code keeps
-        # in float32; a complex tensor is not cast
+        # in float32; a complex tensor is not cast (tests/test_bf16.py shows both)
         rope = torch.complex(cos, sin)[..., start:start + L, :]
         key_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
             key_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, L_all): True = may be attended to
-            if self.config.model_type == "Dream":  # and only from real queries: (B, 1, L, L_all)
+            if self.config.family.pad_attends_nothing:  # and only from real queries: (B, 1, L, L_all)
                 key_mask = key_mask & attention_mask.bool()[:, None, start:start + L, None]
         for i, block in enumerate(tr.blocks):
             if self.activation_checkpointing and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, rope, key_mask, use_reentrant=False)
-            elif kv_cache is not None:
-                x = block(x, rope, key_mask, kv=kv_cache[i], start=start, attn_rows=attn_rows, kv_write=kv_write)
             else:
-                x = block(x, rope, key_mask, attn_rows=attn_rows)
+                x = block(x, rope, key_mask, None if kv_cache is None else kv_cache[i], start, attn_rows, kv_write)
         h = tr.ln_f(x)
         return h if return_hidden else self.head(h)
 
@@ -490,10 +496,9 @@ class LLaDA(nn.Module):
     @classmethod
     def from_pretrained(cls, path, dtype=None, device=None):
         """Read config.json and model.safetensors or the shards of model.safetensors.index.json, LLaDA's or Dream's
-        (config.json's model_type; the keys renamed to ours by config.module_name). config.json is checked against
-        the safetensors headers first (check_config_against_weights), so a config that lies builds nothing.
-        The module is built on the meta device and filled shard by shard, so peak memory is about one copy
-        of the weights. dtype None keeps the stored dtype (bf16 for the real 8B checkpoint)."""
+        (config.json's model_type; the keys renamed to ours by config.module_name). The module is built on the meta
+        device and filled shard by shard, so peak memory is about one copy of the weights. dtype None keeps the
+        stored dtype (bf16 for the real 8B checkpoint)."""
         path = Path(path)
         config = LLaDAConfig.from_json(path / "config.json")
         shards = check_config_against_weights(path, config)  # before anything is built: config.json may lie
@@ -518,8 +523,7 @@ class LLaDA(nn.Module):
             raise ValueError("the model has LoRA adapters: merge_lora(model) first, or save them with save_adapter")
         state = self.state_dict()
         state = {name: state[k].detach().contiguous().cpu() for name, k in checkpoint_keys(self.config, state).items()}
-        config = self.config
-        dtypes = {v.dtype for v in state.values() if v.is_floating_point()}
+        config, dtypes = self.config, {v.dtype for v in state.values() if v.is_floating_point()}
         if len(dtypes) == 1:  # config.json's torch_dtype says what the files hold
             config = dataclasses.replace(config, extra={**config.extra, "torch_dtype": str(dtypes.pop())[6:]})
         shards, current, size = [], {}, 0
@@ -530,25 +534,19 @@ class LLaDA(nn.Module):
                 current, size = {}, 0
             current[k], size = v, size + nbytes
         shards.append(current)
+        names = (["model.safetensors"] if len(shards) == 1 else
+                 [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
         with atomic_folder(path) as tmp:
             config.to_json(tmp / "config.json")
-            if len(shards) == 1:
-                save_file(shards[0], str(tmp / "model.safetensors"), metadata={"format": "pt"})
-                return
-            weight_map = {}
-            for i, shard in enumerate(shards):
-                name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            for name, shard in zip(names, shards):
                 save_file(shard, str(tmp / name), metadata={"format": "pt"})
-                weight_map.update({k: name for k in shard})
-            total = sum(v.numel() * v.element_size() for v in state.values())
-            index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+            if len(shards) > 1:
+                index = {"metadata": {"total_size": sum(v.numel() * v.element_size() for v in state.values())},
+                         "weight_map": {k: name for name, shard in zip(names, shards) for k in shard}}
+                (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
 
 
-def from_pretrained(folder, dtype=None, device=None):
-    """The model of a Hugging Face folder, LLaDA or Dream-v0 as its config.json's model_type says ("llada", or no
-    model_type; "Dream"): one class, LLaDA, built for that family (LLaDA.from_pretrained)."""
-    return LLaDA.from_pretrained(folder, dtype=dtype, device=device)
+from_pretrained = LLaDA.from_pretrained  # a Hugging Face folder of either family: one class, built for its family
 
 
 def weight_files(path):
@@ -585,16 +583,10 @@ def open_weights(file, device="cpu"):
         yield f
 
 
-FINITE_CHECK_SLICE = 1 << 22  # elements checked at a time: isfinite's temporaries stay a few MB, not 5 B / element
-
-
 def check_finite(t, key, file):
-    """Refuse a tensor holding NaN or inf (one pass over it, in slices; a diverged run or an overflowing cast writes
-    them)."""
-    if not t.is_floating_point():
-        return
-    flat, n = t.reshape(-1), FINITE_CHECK_SLICE
-    if not all(bool(torch.isfinite(flat[i:i + n]).all()) for i in range(0, len(flat), n)):
+    """Refuse a tensor holding NaN or inf (a diverged run or an overflowing cast writes them)."""
+    flat, n = t.reshape(-1), 1 << 22  # checked in slices: isfinite's temporaries stay a few MB, not 5 B / element
+    if t.is_floating_point() and not all(bool(torch.isfinite(flat[i:i + n]).all()) for i in range(0, len(flat), n)):
         bad = int((~torch.isfinite(t)).sum())
         raise ValueError(f"{file}: tensor {key!r} holds {bad} NaN or infinite values (of {t.numel()} {t.dtype}): a "
                          "diverged run saved it, or its values overflow this dtype; load an earlier checkpoint, or "
@@ -612,15 +604,13 @@ def weight_headers(path):
     shards, found = weight_files(path), {}
     for shard in shards:
         with open_weights(shard) as f:
-            for key in f.keys():
-                found[key] = (tuple(f.get_slice(key).get_shape()), shard.name)
+            found |= {key: (tuple(f.get_slice(key).get_shape()), shard.name) for key in f.keys()}
     return shards, found
 
 
 def compare_weights(path, expected, found, against="the config"):
     """Refuse checkpoint keys and shapes `found` (weight_headers) that are not `expected` ({key: shape})."""
-    missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected))
+    missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
     wrong = sorted(f"{k}: checkpoint {found[k][0]} ({found[k][1]}) vs model {expected[k]}"
                    for k in set(found) & set(expected) if found[k][0] != expected[k])
     if missing or unexpected or wrong:
@@ -630,16 +620,6 @@ def compare_weights(path, expected, found, against="the config"):
                          + (f"\n  shape mismatches: {wrong}" if wrong else ""))
 
 
-def check_weight_files(path, model):
-    """Names (the checkpoint's) and shapes of the safetensors of folder `path` against `model` (on any device, meta
-    included), checked before any data is read, so that a bad checkpoint fails at once. Returns the files."""
-    state = model.state_dict()
-    shards, found = weight_headers(path)
-    compare_weights(path, {name: tuple(state[k].shape) for name, k in checkpoint_keys(model.config, state).items()},
-                    found)
-    return shards
-
-
 def expected_tensors(config):
     """{checkpoint key: shape} of the tensors a checkpoint of `config` holds, from the config alone (no module is
     built): what LLaDA(config).state_dict() holds, in the family's names, a tied head left out."""
@@ -647,23 +627,17 @@ def expected_tensors(config):
     q, kv = config.n_heads * hd, config.n_kv_heads * hd
     block = dict(attn_norm=(D,), q_proj=(q, D), k_proj=(kv, D), v_proj=(kv, D), attn_out=(D, D), ff_norm=(D,),
                  ff_proj=(M, D), up_proj=(M, D), ff_out=(D, M))
-    shapes = {"model.transformer.wte.weight": (E, D)}
-    for i in range(config.n_layers):
-        for name, shape in block.items():
-            shapes[f"model.transformer.blocks.{i}.{name}.weight"] = shape
-        if config.include_qkv_bias:
-            shapes.update({f"model.transformer.blocks.{i}.{n}.bias": (rows,)
-                           for n, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv))})
-    shapes.update({"model.transformer.ln_f.weight": (D,), TIED_HEAD: (E, D)})
+    block = {f"{name}.weight": shape for name, shape in block.items()} | (
+        {"q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,)} if config.include_qkv_bias else {})
+    shapes = {f"model.transformer.blocks.{i}.{k}": shape for i in range(config.n_layers) for k, shape in block.items()}
+    shapes |= {"model.transformer.wte.weight": (E, D), "model.transformer.ln_f.weight": (D,), TIED_HEAD: (E, D)}
     return {name: shapes[k] for name, k in checkpoint_keys(config, shapes).items()}
 
 
 def check_config_against_weights(folder, config):
     """config.json (`config`, read from folder `folder`) against the headers of the folder's safetensors, before
     anything is built: a config.json that does not describe its weights (n_layers 10^6 would build blocks for
-    minutes, d_model 10^9 exhaust the memory) fails at once, naming config.json and the field. First the sizes the
-    headers show (the number of blocks, the embedding's rows and width, the MLP's and k_proj's rows), then every
-    name and shape (expected_tensors). Returns the safetensors files."""
+    minutes, d_model 10^9 exhaust the memory) fails at once, naming config.json and the field. Returns the files."""
     folder = Path(folder)
     shards, found = weight_headers(folder)
     source, n, name = folder / "config.json", config.json_name, config.checkpoint_name
@@ -690,7 +664,8 @@ def check_config_against_weights(folder, config):
     if wte in found and found[wte][0][1:] != (config.d_model,):
         refuse(["d_model"], wte, "(the model width, the embedding's columns)")
     if wte in found and found[wte][0][:1] != (config.embedding_size,):
-        refuse(["vocab_size" if config.model_type == "Dream" else "embedding_size"], wte, "(the embedding's rows)")
+        rows = "vocab_size" if "embedding_size" in config.family.implied else "embedding_size"  # Dream's: vocab_size
+        refuse([rows], wte, "(the embedding's rows)")
     if fp in found and found[fp][0] != (config.mlp_hidden_size, config.d_model):
         refuse(["mlp_hidden_size"], fp, "(the MLP's width)")
     if kp in found and found[kp][0] != (config.n_kv_heads * config.head_dim, config.d_model):
@@ -699,13 +674,11 @@ def check_config_against_weights(folder, config):
     return shards
 
 
-SAFETENSORS_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}
-
-
 def stored_dtype(path):
     """The dtype the weights of folder `path` are stored in (LLaDA-8B: bfloat16), from the first tensor's header."""
     with open_weights(weight_files(path)[0]) as f:
-        return SAFETENSORS_DTYPES[f.get_slice(next(iter(f.keys()))).get_dtype()]
+        dtype = f.get_slice(next(iter(f.keys()))).get_dtype()
+    return {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32, "F64": torch.float64}[dtype]
 
 
 @torch.no_grad()
@@ -714,9 +687,12 @@ def load_weight_rows(model, path, rank, world):
     of folder `path`: each rank reads only its own rows of each tensor, so no process ever holds the whole model.
     FSDP2 shards dim 0 into `world` chunks of ceil(n / world) rows (torch.chunk), the last ones shorter or empty;
     every local shard is cast to the parameter's dtype (float32 master weights from a bf16 checkpoint). A tied head
-    is the embedding's parameter, filled with it."""
-    params = dict(model.named_parameters())
-    for shard in check_weight_files(path, model):
+    is the embedding's parameter, filled with it. Names and shapes are checked against `model` first."""
+    params, state = dict(model.named_parameters()), model.state_dict()
+    shards, found = weight_headers(path)
+    compare_weights(path, {name: tuple(state[k].shape) for name, k in checkpoint_keys(model.config, state).items()},
+                    found)
+    for shard in shards:
         with open_weights(shard) as f:
             for key in f.keys():
                 param = params[model.config.module_name(key)]
@@ -750,9 +726,8 @@ def atomic_write_text(path, text):
 
 @contextlib.contextmanager
 def atomic_folder(path):
-    """Yield a fresh temporary folder beside `path`; on success it replaces `path` (the old one is removed
-    only after the new one is in place). On an exception the temporary folder is deleted and `path` is
-    untouched."""
+    """Yield a fresh temporary folder beside `path`; on success it replaces `path` (the old one is removed only after
+    the new one is in place). On an exception the temporary folder is deleted and `path` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
@@ -778,10 +753,9 @@ def atomic_folder(path):
 
 
 class LoRALinear(nn.Module):
-    """Wraps a frozen linear layer. It keeps the base weight under the same name (`q_proj.weight`), so the
-    base checkpoint's keys are unchanged; lora_A (r, in) and lora_B (out, r) are float32 even when the base
-    is bf16. B starts at zero, so the wrapped layer starts exactly equal to the base. The scale is alpha / r, or
-    alpha / sqrt(r) with rsLoRA (PEFT's use_rslora). A base bias (Dream's q, k, v) is kept, frozen, as `bias`."""
+    """Wraps a frozen linear layer. It keeps the base weight under the same name (`q_proj.weight`), so the base
+    checkpoint's keys are unchanged; lora_A (r, in) and lora_B (out, r) are float32 even when the base is bf16. B
+    starts at zero, so the wrapped layer starts exactly equal to the base. A base bias (Dream's q, k, v) is kept."""
 
     def __init__(self, base: nn.Linear, r, alpha, dropout, generator=None, use_rslora=False):
         super().__init__()
@@ -789,7 +763,7 @@ class LoRALinear(nn.Module):
         self.weight, self.bias = base.weight, base.bias
         self.weight.requires_grad_(False)
         self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
-        self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r
+        self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r  # rsLoRA: PEFT's use_rslora
         dev = base.weight.device
         # A is drawn on the generator's device (a CPU generator cannot fill a GPU tensor), then moved: the same
         # seed gives the same adapter on every device
@@ -840,19 +814,19 @@ def lora_target_names(model, targets, layers_to_transform=None, layers_pattern=N
     return kept
 
 
-def pattern_value(patterns, name, default):
-    r"""PEFT's rank_pattern / alpha_pattern: the value of the key equal to `name`, else of the first key that
-    matches the end of it as a regex ("(.*\.)?key$"), else `default`."""
-    if name in patterns:
-        return patterns[name]
-    return next((v for k, v in patterns.items() if re.match(rf"(.*\.)?{k}$", name)), default)
+PEFT_OPTIONS = ("rank_pattern", "alpha_pattern", "use_rslora", "layers_to_transform", "layers_pattern")
 
 
-def add_lora(model, r=128, alpha=256, dropout=0.05, targets=LORA_TARGETS, generator=None, rank_pattern=None,
-             alpha_pattern=None, use_rslora=False, layers_to_transform=None, layers_pattern=None):
+def add_lora(model, r=128, alpha=256, dropout=0.05, targets=LORA_TARGETS, generator=None, **peft):
     """Replace the target linears (lora_target_names: PEFT's matching) by LoRALinear and freeze everything else.
-    rank_pattern / alpha_pattern give some modules their own rank / alpha (pattern_value; a key may use our name or
-    the checkpoint's)."""
+    peft: PEFT's other adapter_config.json fields (PEFT_OPTIONS), as PEFT reads them: rank_pattern / alpha_pattern
+    give some modules their own rank / alpha (a key may use our name or the checkpoint's),
+    use_rslora scales by alpha / sqrt(r), layers_to_transform / layers_pattern restrict the blocks."""
+    if unknown := set(peft) - set(PEFT_OPTIONS):
+        raise TypeError(f"add_lora: unknown options {sorted(unknown)}; PEFT's are {PEFT_OPTIONS}")
+    rank_pattern, alpha_pattern, use_rslora, layers_to_transform, layers_pattern = (
+        peft.get(k) for k in PEFT_OPTIONS)
+    use_rslora = bool(use_rslora)
     for p in model.parameters():
         p.requires_grad_(False)
     names = lora_target_names(model, targets, layers_to_transform, layers_pattern)
@@ -861,8 +835,13 @@ def add_lora(model, r=128, alpha=256, dropout=0.05, targets=LORA_TARGETS, genera
                          "model")
 
     def pattern(patterns, name, default):
-        return pattern_value(patterns or {}, model.config.checkpoint_name(name),
-                             pattern_value(patterns or {}, name, default))
+        r"""PEFT's rank_pattern / alpha_pattern: the value of the key equal to the module's checkpoint name, else of
+        the first key that matches its end as a regex ("(.*\.)?key$"); else the same for our name; else `default`."""
+        patterns = patterns or {}
+        for n in (name, model.config.checkpoint_name(name)):  # the checkpoint's name, tried last, wins
+            default = patterns[n] if n in patterns else next(
+                (v for k, v in patterns.items() if re.match(rf"(.*\.)?{k}$", n)), default)
+        return default
 
     for name in names:
         if model.config.weight_tying and name + ".weight" == TIED_HEAD:
@@ -888,22 +867,18 @@ def lora_layers(model):
 @contextlib.contextmanager
 def lora_disabled(model):
     """Run the frozen base model: the GIFT* reference model costs no extra memory under LoRA."""
-    layers = [m for _, m in lora_layers(model)]
-    states = [m.enabled for m in layers]
-    for m in layers:
+    states = {m: m.enabled for _, m in lora_layers(model)}
+    for m in states:
         m.enabled = False
     try:
         yield model
     finally:
-        for m, s in zip(layers, states):
+        for m, s in states.items():
             m.enabled = s
 
 
-def merged_weight(m, weight=None, lora_A=None, lora_B=None):
-    """W + B A * scale of a LoRALinear (or of the tensors given for it), computed in float32 and returned in W's
-    dtype."""
-    W, A, B = (m.weight if weight is None else weight, m.lora_A if lora_A is None else lora_A,
-               m.lora_B if lora_B is None else lora_B)
+def merged_weight(m, W, A, B):
+    """W + B A * scale of the LoRALinear m (its own tensors or a state dict's), in float32, returned in W's dtype."""
     return (W.float() + (B @ A) * m.scaling).to(W.dtype)
 
 
@@ -913,7 +888,7 @@ def merge_lora(model):
     for name, m in lora_layers(model):
         merged = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device=m.weight.device,
                            dtype=m.weight.dtype)
-        merged.weight.copy_(merged_weight(m))
+        merged.weight.copy_(merged_weight(m, m.weight, m.lora_A, m.lora_B))
         if m.bias is not None:
             merged.bias.copy_(m.bias)
         parent_name, _, child = name.rpartition(".")
@@ -930,14 +905,11 @@ def merged_state_dict(model, state=None):
     full = model.state_dict() if state is None else state
     merged = {k: v for k, v in full.items() if ".lora_" not in k}
     for name, m in lora_layers(model):
-        merged[f"{name}.weight"] = (merged_weight(m) if state is None else
-                                    merged_weight(m, full[f"{name}.weight"], full[f"{name}.lora_A"],
-                                                  full[f"{name}.lora_B"]))
+        merged[f"{name}.weight"] = merged_weight(m, *(full[f"{name}.{t}"] for t in ("weight", "lora_A", "lora_B")))
     return merged
 
 
-# PEFT's on-disk names (base_model.model.<module name>.lora_A.weight), so adapters move between this code and
-# PEFT + the official model
+# PEFT's on-disk names (base_model.model.<module name>.lora_A.weight): adapters move between this code and PEFT
 _PEFT_PREFIX = "base_model.model."
 # adapter_config.json settings that change what the adapter computes and that this code does not implement: a
 # true / non-empty value is refused by name (the others, e.g. init_lora_weights, do not matter once trained)
@@ -951,17 +923,13 @@ def save_adapter(model, path, base_model_name_or_path="", state=None):
     checkpoint's module names (Dream's for Dream): the targets as given when PEFT on the official model matches them
     to the same modules (the paper's q_proj, k_proj, v_proj always do), else the adapted modules' full names; and
     the modules whose rank or alpha differ from the run's in rank_pattern / alpha_pattern under their full names.
-    state: a state dict holding the adapters' tensors, read instead of the model's own (a sharded model's, gathered:
-    gift.write_checkpoint)."""
-    layers = lora_layers(model)
-    if not layers:
+    state: as in merged_state_dict."""
+    if not (layers := lora_layers(model)):
         raise ValueError("the model has no LoRA adapters to save")
     cfg, name_of = model.lora_config, model.config.checkpoint_name
-    tensors = {}
-    for name, m in layers:
-        A, B = (m.lora_A, m.lora_B) if state is None else (state[f"{name}.lora_A"], state[f"{name}.lora_B"])
-        tensors[f"{_PEFT_PREFIX}{name_of(name)}.lora_A.weight"] = A.detach().contiguous().cpu()  # (r, in)
-        tensors[f"{_PEFT_PREFIX}{name_of(name)}.lora_B.weight"] = B.detach().contiguous().cpu()  # (out, r)
+    state = dict(model.named_parameters()) if state is None else state
+    tensors = {f"{_PEFT_PREFIX}{name_of(name)}.lora_{ab}.weight": state[f"{name}.lora_{ab}"].detach().contiguous().cpu()
+               for name, _ in layers for ab in "AB"}  # lora_A (r, in), lora_B (out, r)
     targets, which, pattern = cfg["targets"], cfg.get("layers_to_transform"), cfg.get("layers_pattern")
     if lora_target_names(model, targets, which, pattern, checkpoint_names_only=True) != [n for n, _ in layers]:
         targets, which, pattern = [name_of(n) for n, _ in layers], None, None  # e.g. our "attn_out" on Dream
@@ -984,13 +952,21 @@ GENERATION_DEFAULTS = "generation_defaults.json"  # a model folder's own samplin
 
 
 def find_model(path):
-    """What a --model flag names, as (model folder, adapter folder or None): a Hugging Face folder (config.json), a
-    checkpoint of a gift.py run (checkpoints/step-N: its model/, or merged/, or adapter/ on the base folder its
-    adapter_config.json names), or a gift.py run folder (the checkpoint its `latest` file names). FileNotFoundError
-    saying what was looked for otherwise."""
+    """What sample.py's or eval.py's --model names, as (model folder, adapter folder or None): a Hugging Face folder
+    (config.json), a gift.py checkpoint (checkpoints/step-N: its model/, or merged/, or adapter/ on the base folder
+    its adapter_config.json names), or a gift.py run folder (the checkpoint its `latest` file names)."""
     p = Path(path)
     if (p / "latest").is_file() and not (p / "config.json").is_file():
-        p = p / "checkpoints" / (p / "latest").read_text().strip()
+        named = (p / "latest").read_text().strip()
+        if named and (Path(named).name != named or named in (".", "..")):  # gift.py writes a step-N name only
+            raise FileNotFoundError(f"--model {path}: its `latest` file ({p / 'latest'}) names {named!r}, outside the "
+                                    f"run folder's checkpoints/; give the checkpoint as --model {p}/checkpoints/step-N")
+        if not named or not (p / "checkpoints" / named).is_dir():  # deleted or moved since
+            there = sorted(c.name for c in (p / "checkpoints").glob("step-*") if c.is_dir())
+            raise FileNotFoundError(f"--model {path}: its `latest` file names the checkpoint {named!r}, and "
+                                    f"{p / 'checkpoints' / named} is missing (deleted or moved); the checkpoints "
+                                    f"there: {', '.join(there) or 'none'}; give one as --model {p}/checkpoints/step-N")
+        p = p / "checkpoints" / named
     if (p / "config.json").is_file():
         return p, None
     for sub in ("model", "merged"):
@@ -1046,9 +1022,7 @@ def generation_defaults(folder):
 
 def read_adapter_config(path):
     """An adapter folder's adapter_config.json, checked before any weight loads: a ValueError in one line naming the
-    file and the field for what PEFT would reject or this code cannot compute (r a positive int, lora_alpha a finite
-    positive number, target_modules a non-empty list of names or a regex, lora_dropout in [0, 1), rank_pattern /
-    alpha_pattern values as r / lora_alpha, PEFT_UNSUPPORTED settings, a bias). Returns the dict."""
+    file and the field for what PEFT would reject or this code cannot compute. Returns the dict."""
     cfg_file = Path(path) / "adapter_config.json"
     if not cfg_file.is_file():
         hint = "a LoRA adapter folder holds adapter_config.json and adapter_model.safetensors"
@@ -1102,24 +1076,18 @@ def read_adapter_config(path):
 
 
 def load_adapter(model, path):
-    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding the LoRA layers if it has none: targets as a
-    list or a regex, layers_to_transform / layers_pattern, rank_pattern, alpha_pattern and use_rslora as PEFT reads
-    them; adapter_config.json checked first (read_adapter_config)."""
+    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding the LoRA layers (add_lora) if it has none;
+    adapter_config.json checked first (read_adapter_config)."""
     path = Path(path)
     cfg = read_adapter_config(path)
     if not lora_layers(model):
         add_lora(model, r=cfg["r"], alpha=cfg["lora_alpha"], dropout=cfg.get("lora_dropout", 0.0),
-                 targets=cfg["target_modules"], rank_pattern=cfg.get("rank_pattern"),
-                 alpha_pattern=cfg.get("alpha_pattern"), use_rslora=cfg.get("use_rslora", False),
-                 layers_to_transform=cfg.get("layers_to_transform"), layers_pattern=cfg.get("layers_pattern"))
+                 targets=cfg["target_modules"], **{k: cfg.get(k) for k in PEFT_OPTIONS})
     with open_weights(path / "adapter_model.safetensors") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
-    expected = {}
-    for name, m in lora_layers(model):
-        for ab in ("A", "B"):
-            # PEFT sometimes writes the adapter name into the key ("lora_A.default.weight"); accept both
-            expected[f"{_PEFT_PREFIX}{model.config.checkpoint_name(name)}.lora_{ab}.weight"] = getattr(m, f"lora_{ab}")
-    tensors = {k.replace(".default.weight", ".weight"): v for k, v in tensors.items()}
+        # PEFT sometimes writes the adapter name into the key ("lora_A.default.weight"); accept both
+        tensors = {k.replace(".default.weight", ".weight"): f.get_tensor(k) for k in f.keys()}
+    expected = {f"{_PEFT_PREFIX}{model.config.checkpoint_name(name)}.lora_{ab}.weight": getattr(m, f"lora_{ab}")
+                for name, m in lora_layers(model) for ab in "AB"}
     missing, unexpected = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
     if missing or unexpected:
         raise ValueError(f"{path / 'adapter_model.safetensors'}: missing {missing} unexpected {unexpected} "
@@ -1133,25 +1101,46 @@ def load_adapter(model, path):
     return model
 
 
+@contextlib.contextmanager
+def loading(*folders):
+    """Reading the model folders (and adapter): an error because one of them disappeared meanwhile (a running gift.py
+    keeps only its last --keep-last checkpoints, rotating older ones away) is said in one line."""
+    try:
+        yield
+    except (OSError, ValueError):
+        gone = [p for p in folders if p and not Path(p).is_dir()]
+        if not gone:
+            raise
+        raise FileNotFoundError(f"{gone[0]} was removed while it loaded (a running gift.py rotates its checkpoints "
+                                "away, keeping the last --keep-last); rerun with the run folder to take the newest "
+                                "checkpoint") from None
+
+
+def load_weights(folder, adapter=None, dtype=None, device=None):
+    """The one way sample.py and eval.py load a model: LLaDA.from_pretrained(folder) (the folder find_model gives),
+    then the adapter (load_adapter); inside loading(), so a checkpoint rotated away meanwhile is said as such."""
+    with loading(folder, adapter):
+        model = LLaDA.from_pretrained(folder, dtype=dtype, device=device)
+        if adapter:
+            load_adapter(model, adapter)  # adds LoRA layers (on the model's device) with the adapter's r / alpha
+    return model
+
+
 # =============================================================================
-# Machinery shared by the command lines (gift.py, eval.py, sample.py), not needed to understand the model: processes
-# from torchrun's environment, one job per output path, flags from a dataclass.
-# They live here, in the file every other one imports, so that no file imports the trainer to get them.
+# Machinery shared by the command lines (gift.py, eval.py, sample.py), not needed to understand the model: here, in
+# the file every other one imports, so that no file imports the trainer to get them.
 
 
 def setup_distributed():
     """(rank, world size, device) from torchrun's environment; the process group is started when world > 1 (NCCL on
     GPUs, gloo on the CPU). One process works without torchrun."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+    local_rank, cuda = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.is_available()
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     if world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device
-                                             if device.type == "cuda" else None)
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     return rank, world, device
 
 
@@ -1164,9 +1153,8 @@ def compute_dtype(name, device):
 
 def end_distributed():
     """Tear the process group down once every rank is done with every collective. gloo's worker threads drop their
-    last work's tensors after the collective returns, and that needs the GIL; destroying the group joins those
-    threads while holding it: a deadlock (a hang, or an abort at exit), seen in gdb with torch 2.13 on CPU. Sleeping
-    releases the GIL and lets them finish first."""
+    last work's tensors after the collective returns, which needs the GIL; destroying the group joins those threads
+    while holding it: a deadlock (torch 2.13 on CPU). Sleeping releases the GIL and lets them finish first."""
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         time.sleep(0.2)
@@ -1211,15 +1199,15 @@ def run_command_line(main, name, rank0_only=False, errors=(ValueError, OSError))
 
 
 def parse_dataclass_flags(parser, cls, argv=None):
-    """One flag per field of the dataclass `cls` (--name-with-dashes, typed, its help and choices from the field's
-    metadata); unknown flags are an error. Returns the fields given on the command line (a flag given as 0 is given)."""
+    """add_dataclass_flags, then parse (unknown flags are an error). Returns the fields given on the command line
+    (a flag given as 0 is given)."""
     add_dataclass_flags(parser, cls)
     return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
 
 
 def add_dataclass_flags(parser, cls):
-    """The flags of parse_dataclass_flags, added to `parser` (which may hold other flags too); each defaults to None,
-    so that a flag not given can be told from one given with the default value."""
+    """One flag per field of the dataclass `cls` (--name-with-dashes, typed, its help and choices from the field's
+    metadata), each defaulting to None, so that a flag not given can be told from one given with the default."""
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         if f.type in (bool, "bool"):
@@ -1231,9 +1219,7 @@ def add_dataclass_flags(parser, cls):
 
 
 # Fingerprints: short sha256 prefixes that tell a changed base model apart (gift.py's checkpoints record them; --resume
-# refuses another base)
-
-# whole-file hashes of weight files, cached by what any write changes (file_sha256): in memory, and in this file
+# refuses another base). Whole-file hashes of weight files are cached in memory and in this file (file_sha256):
 WEIGHT_HASH_CACHE = Path(os.environ.get("GIFT_CACHE_DIR") or Path.home() / ".cache" / "gift") / "weight_hashes.json"
 WEIGHT_HASH_CACHE_SIZE = 4096  # entries kept (a few hundred bytes each)
 RACY_SECONDS = 2  # a file changed this recently may change again within the same timestamp: hashed, not cached
@@ -1245,7 +1231,6 @@ def folder_fingerprint(folder):
     merges.txt) and weights, every byte of them (hash_weights): a model re-merged or retrained into the same path is
     another model for eval's resume, --resume and the adapter's base check."""
     folder, h = Path(folder), hashlib.sha256()
-    # a slow tokenizer's files (Dream's) when there is no tokenizer.json
     tokenizer = ("tokenizer.json",) if (folder / "tokenizer.json").is_file() else ("vocab.json", "merges.txt")
     for name in ("config.json",) + tokenizer:
         if (folder / name).is_file():
@@ -1277,7 +1262,14 @@ def file_sha256(path):
             h.update(chunk)
     if time.time() - st.st_ctime_ns / 1e9 > RACY_SECONDS and os.stat(path).st_ctime_ns == st.st_ctime_ns:
         _weight_hashes[key] = h.hexdigest()
-        _write_hash_cache(key, h.hexdigest())
+        # the cache file is written whole under a name of its own, then renamed: processes hashing at the same time
+        # lose an entry at worst; a cache that cannot be written is only memory
+        cache = dict(list({**_read_hash_cache(), key: h.hexdigest()}.items())[-WEIGHT_HASH_CACHE_SIZE:])
+        tmp = WEIGHT_HASH_CACHE.with_name(f"{WEIGHT_HASH_CACHE.name}.{os.getpid()}.tmp")
+        with contextlib.suppress(OSError):
+            WEIGHT_HASH_CACHE.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(cache))
+            os.replace(tmp, WEIGHT_HASH_CACHE)
     return h.hexdigest()
 
 
@@ -1287,19 +1279,6 @@ def _read_hash_cache():
         return cache if isinstance(cache, dict) else {}
     except (OSError, ValueError):  # none yet, or unreadable: hashed again
         return {}
-
-
-def _write_hash_cache(key, digest):
-    """Add one entry to the cache file (written whole under a name of its own, then renamed: processes hashing at
-    the same time lose an entry at worst). A cache that cannot be written is only memory."""
-    cache = _read_hash_cache()
-    cache[key] = digest
-    cache = dict(list(cache.items())[-WEIGHT_HASH_CACHE_SIZE:])
-    tmp = WEIGHT_HASH_CACHE.with_name(f"{WEIGHT_HASH_CACHE.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(OSError):
-        WEIGHT_HASH_CACHE.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(cache))
-        os.replace(tmp, WEIGHT_HASH_CACHE)
 
 
 def tensors_fingerprint(model):

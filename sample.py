@@ -32,12 +32,18 @@ prediction one position to the left, as Dream's generation code shifts its logit
 import argparse
 import json
 import math
-from contextlib import contextmanager
-from dataclasses import dataclass, field, fields, replace
+import numbers
+from dataclasses import InitVar, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from data import chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text, load_tokenizer
+from gift import uniforms  # the one draw rule, training's (gift.py Part I) and the samplers'
+from model import (GENERATION_DEFAULTS, LLaDAConfig, add_dataclass_flags, compute_dtype, find_model, folder_fingerprint,
+                   generation_defaults, load_weights, loading, read_adapter_config, run_command_line, shift_right)
+
 
 REMASKING = ("low_confidence", "random")  # the official strategies
 CACHES = (None, "prefix", "dual")  # generate_cached's key/value caches (None: no cache)
@@ -122,20 +128,15 @@ class SamplerOptions:
     top_p: float = field(default=None, metadata={"help": "--sampler dream: nucleus filter of the logits (unset: off)"})
     top_k: int = field(default=None, metadata={"help": "--sampler dream: keep the k largest logits (unset: off)"})
 
+    source: InitVar[str | None] = None  # who gave the values, named by a refusal: None a library call, "flags"
+
+    def __post_init__(self, source):
+        check_sampler_options(self, source)  # every option checked here, whoever builds the options
+
     @property
     def exact(self):
         """True when these options ask for the exact block sampler, generate() (no cache, no threshold)."""
         return self.sampler == "block" and self.cache is None and self.threshold is None
-
-
-def uniforms(shape, generator, device, dtype=None):
-    """U(0, 1) draws of `shape` (B, ...), in `dtype` (None: torch's default, float32), from one explicit generator
-    (None: torch's global one, as the official sampler), or from a list of B generators, one per row: a row's noise
-    then does not depend on the batch it is sampled in (eval.py gives each item its own)."""
-    if generator is None or isinstance(generator, torch.Generator):
-        where = device if generator is None else generator.device
-        return torch.rand(shape, dtype=dtype, device=where, generator=generator).to(device)
-    return torch.stack([torch.rand(shape[1:], dtype=dtype, device=g.device, generator=g) for g in generator]).to(device)
 
 
 # -----------------------------------------------------------------------------
@@ -197,13 +198,6 @@ def transfer_index(confidence, k):
     return torch.zeros_like(confidence, dtype=torch.bool).scatter_(-1, top, keep)
 
 
-def shift_right(h):
-    """Dream's alignment of its outputs (B, L, ...): the one at i - 1 moved to position i, position 0 keeping its own
-    (the official `logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)`), so that position i holds what predicts
-    token i."""
-    return torch.cat([h[:, :1], h[:, :-1]], dim=1)
-
-
 def padded_positions(attention_mask):
     """Dream's RoPE positions for a left-padded batch, as its official generation computes them (tok_idx): a real
     token's index among its row's real tokens, cumsum(mask) - 1, and 1 on the pads; None when nothing is padded
@@ -213,8 +207,20 @@ def padded_positions(attention_mask):
     return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
 
 
-def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache=None, span=None,
-                  attn_rows=None, write=False):
+@dataclass
+class CacheUse:
+    """How one forward of the fast sampler uses its key/value cache (guided_logits): `kv`, an empty list, is filled
+    with the keys and values of this forward; a filled one with span = (s, e) runs only positions s .. e - 1
+    (eligible must lie inside them). attn_rows: (qs, qe, rows), the model's probe (LLaDA.forward) of the queries at
+    positions qs .. qe - 1 of the sequence. write: the span's keys and values also replace the cached ones (a
+    windowed refresh, SamplerOptions.cache_window)."""
+    kv: list
+    span: tuple = None
+    attn_rows: tuple = None
+    write: bool = False
+
+
+def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, cache=None):
     """Logits (N, V) at the N eligible positions (row-major order), with classifier-free guidance if cfg_scale > 0:
     at each position, the logits that predict its token.
 
@@ -227,11 +233,10 @@ def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, m
     (shift_right, as its official generation moves its logits), and a left-padded batch gets Dream's official
     positions (padded_positions: RoPE is relative and the pads are invisible, so they change only the rounding, and
     give the official numbers); LLaDA's are used as they are, positions 0 .. L - 1, as its official sampler does.
-    kv_cache, span (cached samplers): an empty list is filled with the keys and values of this forward; with a
-    filled one and span = (s, e), only positions s .. e - 1 run (eligible must lie inside them). attn_rows:
-    (qs, qe, rows), the model's probe (LLaDA.forward) of the queries at positions qs .. qe - 1 of the sequence.
-    write: the span's keys and values also replace the cached ones (a windowed refresh, SamplerOptions.cache_window).
+    cache: a CacheUse (the fast sampler), None for a plain forward.
     """
+    kv_cache, span, attn_rows, write = (None, None, None, False) if cache is None else (
+        cache.kv, cache.span, cache.attn_rows, cache.write)
     raw = getattr(model, "module", model)
     shifted = getattr(raw, "predicts_shifted", False)
     s, e = span or (0, x.shape[1])
@@ -282,36 +287,17 @@ def candidates(logits, x, eligible, temperature, remasking, generator):
     return x.masked_scatter(eligible, x0), confidence.masked_scatter(eligible, x0_p)
 
 
-def check_prompt(prompt, attention_mask, where):
-    """A prompt of token ids (B, P) and, if given, an attention mask of its shape."""
+def check_tensors(prompt, attention_mask, generator, where):
+    """A sampler's tensors, before any forward pass (its options are SamplerOptions' check): a prompt of token ids
+    (B, P), an attention mask of its shape, one generator or one per row."""
     if prompt.dim() != 2:
         raise ValueError(f"{where}: prompt must be (batch, prompt_len) token ids, got shape {tuple(prompt.shape)}; "
                          f"use prompt[None] for a single prompt")
     if attention_mask is not None and attention_mask.shape != prompt.shape:
         raise ValueError(f"{where}: attention_mask {tuple(attention_mask.shape)} must have the prompt's shape "
                          f"{tuple(prompt.shape)}")
-
-
-def check_generate_args(prompt, attention_mask, steps, gen_length, block_length, remasking, generator, cache=None,
-                        threshold=None, where="generate"):
-    """The sampler's argument checks (the official code asserts two of them), before any forward pass."""
-    check_prompt(prompt, attention_mask, f"sample.py {where}")
-    if gen_length <= 0 or block_length <= 0 or gen_length % block_length:
-        raise ValueError(f"sample.py {where}: gen_length ({gen_length}) must be a positive multiple of block_length "
-                         f"({block_length}); e.g. block_length={gen_length} for a single block")
-    num_blocks = gen_length // block_length
-    if steps <= 0 or steps % num_blocks:
-        hint = num_blocks * max(1, steps // num_blocks)
-        raise ValueError(f"sample.py {where}: steps ({steps}) must be a positive multiple of the number of blocks "
-                         f"gen_length / block_length = {num_blocks}; e.g. steps={hint}")
-    if remasking not in REMASKING:
-        raise ValueError(f"sample.py {where}: remasking={remasking!r}; expected one of {REMASKING}")
-    if cache not in CACHES:
-        raise ValueError(f"sample.py {where}: cache={cache!r}; expected one of {CACHES}")
-    if threshold is not None and not 0 <= threshold < 1:
-        raise ValueError(f"sample.py {where}: threshold={threshold}; expected a confidence in [0, 1)")
     if isinstance(generator, (list, tuple)) and len(generator) != len(prompt):
-        raise ValueError(f"sample.py {where}: {len(generator)} generators for {len(prompt)} rows")
+        raise ValueError(f"{where}: {len(generator)} generators for {len(prompt)} rows")
 
 
 def append_masks(prompt, attention_mask, gen_length, mask_id):
@@ -352,7 +338,9 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
         draws each row's noise from its own (a row's tokens then do not depend on its batch).
     """
     mask_id = getattr(model, "module", model).config.mask_token_id if mask_id is None else mask_id
-    check_generate_args(prompt, attention_mask, steps, gen_length, block_length, remasking, generator)
+    SamplerOptions(gen_length=gen_length, steps=steps, block_length=block_length, temperature=temperature,
+                   cfg_scale=cfg_scale, remasking=remasking)  # the arguments' check
+    check_tensors(prompt, attention_mask, generator, "sample.py generate")
     x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
     prompt_index = x != mask_id  # what CFG masks: every non-mask token at the start, left pads included
     positions = torch.arange(x.shape[1], device=x.device)  # (L,)
@@ -412,23 +400,11 @@ def rebuild_rows(model, x, attention_mask, prompt_index, cfg_scale, mask_id, kv_
     idx = rows.nonzero().squeeze(1)  # (k,)
     fresh, none = [], torch.zeros_like(x[idx], dtype=torch.bool)  # no logits are needed
     guided_logits(model, x[idx], None if attention_mask is None else attention_mask[idx], none, prompt_index[idx],
-                  cfg_scale, mask_id, fresh)
+                  cfg_scale, mask_id, CacheUse(fresh))
     if cfg_scale > 0:
         idx = torch.cat([idx, idx + len(x)])
     for (k, v), ((k_new, v_new),) in zip((layer[0] for layer in kv_cache), fresh):
         k[idx], v[idx] = k_new, v_new
-
-
-def check_cached_args(o, prompt, attention_mask, generator):
-    """generate_cached's checks, before any forward pass: its options' lengths set, generate()'s checks, and the
-    options' own (check_sampler_options, the command lines' check, naming the field)."""
-    if None in (o.gen_length, o.steps, o.block_length):
-        raise ValueError(f"sample.py generate_cached: options.gen_length ({o.gen_length}), steps ({o.steps}) and "
-                         f"block_length ({o.block_length}) must be set; e.g. SamplerOptions(gen_length=128, steps=128, "
-                         "block_length=32, cache='dual')")
-    check_generate_args(prompt, attention_mask, o.steps, o.gen_length, o.block_length, o.remasking, generator, o.cache,
-                        o.threshold, where="generate_cached")
-    check_sampler_options(o, source="sample.py generate_cached's SamplerOptions")
 
 
 @torch.no_grad()
@@ -444,8 +420,12 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
         was the mask token stays masked, and the exact sampler offers it again in the later blocks, while a cached
         step offers the current block's masks only (tests/test_sample_eval_refusals.py shows both cases).
     """
-    o = options or SamplerOptions()
-    check_cached_args(o, prompt, attention_mask, generator)
+    o = options or SamplerOptions()  # checked when built
+    if None in (o.gen_length, o.steps, o.block_length):
+        raise ValueError(f"sample.py generate_cached: options.gen_length ({o.gen_length}), steps ({o.steps}) and "
+                         f"block_length ({o.block_length}) must be set; e.g. SamplerOptions(gen_length=128, steps=128, "
+                         "block_length=32, cache='dual')")
+    check_tensors(prompt, attention_mask, generator, "sample.py generate_cached")
     mask_id = getattr(model, "module", model).config.mask_token_id if mask_id is None else mask_id
     x, attention_mask = append_masks(prompt, attention_mask, o.gen_length, mask_id)  # (B, L), (B, L) or None
     prompt_index = x != mask_id
@@ -476,16 +456,17 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
             elif o.cache is not None and (full or refresh_cache_every_step):
                 kv_cache = []  # a full forward stores every position's keys and values
                 if refresh_cache_every_step:  # fill it now; this step then reads it as a later step does
-                    guided_logits(model, x, attention_mask, eligible, prompt_index, o.cfg_scale, mask_id, kv_cache)
+                    guided_logits(model, x, attention_mask, eligible, prompt_index, o.cfg_scale, mask_id,
+                                  CacheUse(kv_cache))
             elif drifted is not None and drifted.any():  # the drift test fired for these rows at the last step
                 rebuild_rows(model, x, attention_mask, prompt_index, o.cfg_scale, mask_id, kv_cache, drifted)
             reads_cache = o.cache is not None and (not full or refresh_cache_every_step)
             span = (block_start, block_end if o.cache == "dual" else L) if reads_cache else span
             # the drift test watches the block's own queries (for Dream too, whose span starts one position earlier)
             rows = None if o.cache_drift is None else (block_start, block_end, [])
-            # (write= only when windowed: the call is otherwise the one it always was)
-            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, o.cfg_scale, mask_id, kv_cache,
-                                   span, rows, **({"write": True} if windowed else {}))  # (N, V)
+            cache = None if kv_cache is None else CacheUse(kv_cache, span, rows, windowed)
+            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, o.cfg_scale, mask_id,
+                                   cache)  # (N, V)
             if rows is not None:
                 attn = torch.stack(rows[2])[:, :B]  # the conditional rows' attention, (n_layers, B, Lb, L)
                 built = torch.full((B,), full, device=x.device) if drifted is None or full else drifted
@@ -601,31 +582,6 @@ def maskgit_step(x, mask_index, confidence, x0, k, alg_temp, generator, mask_id)
     x.scatter_(1, idx, proposed.gather(1, idx))
 
 
-def check_dream_args(model, prompt, attention_mask, max_new_tokens, steps, eps, alg, alg_temp, temperature, top_p,
-                     top_k, generator):
-    """diffusion_generate's argument checks, before any forward pass."""
-    where = "sample.py diffusion_generate"
-    if not model.predicts_shifted:
-        raise ValueError(f"{where}: the model is not Dream (config model_type {model.config.model_type!r}), whose "
-                         f"logits at i - 1 predict token i; LLaDA's sampler is generate()")
-    check_prompt(prompt, attention_mask, where)
-    if max_new_tokens <= 0 or steps <= 0:
-        raise ValueError(f"{where}: max_new_tokens ({max_new_tokens}) and steps ({steps}) must be positive")
-    if not 0 < eps < 1:
-        raise ValueError(f"{where}: eps={eps}; expected the final time in (0, 1), Dream's default 1e-3")
-    if alg not in DREAM_ALGS:
-        raise ValueError(f"{where}: alg={alg!r}; expected one of {DREAM_ALGS}")
-    if temperature < 0 or (alg_temp is not None and alg_temp < 0):
-        raise ValueError(f"{where}: temperature ({temperature}) and alg_temp ({alg_temp}) must be >= 0")
-    if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"{where}: top_p={top_p}; expected a probability in (0, 1] (None or 1: off)")
-    if top_k is not None and top_k <= 0:
-        raise ValueError(f"{where}: top_k={top_k}; expected a positive count (None: off)")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"{where}: generator must be one torch.Generator or None, got {type(generator).__name__}: "
-                         f"the official draws span the whole batch (one uniform per mask), not one row each")
-
-
 @torch.no_grad()
 def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, steps=512, eps=1e-3, alg="origin",
                        alg_temp=None, temperature=0.0, top_p=None, top_k=None, generator=None):
@@ -662,8 +618,16 @@ def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, s
     for the tokens ours gives by default (tests/test_dream_sample.py shows both on stored cases).
     """
     raw = getattr(model, "module", model)  # under DDP / FSDP the config and head are the wrapped module's
-    check_dream_args(raw, prompt, attention_mask, max_new_tokens, steps, eps, alg, alg_temp, temperature, top_p, top_k,
-                     generator)
+    where = "sample.py diffusion_generate"
+    if not raw.predicts_shifted:
+        raise ValueError(f"{where}: the model is not Dream (config model_type {raw.config.model_type!r}), whose "
+                         f"logits at i - 1 predict token i; LLaDA's sampler is generate()")
+    SamplerOptions(sampler="dream", gen_length=max_new_tokens, steps=steps, eps=eps, alg=alg, alg_temp=alg_temp,
+                   temperature=temperature, top_p=top_p, top_k=top_k)  # the arguments' check
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"{where}: generator must be one torch.Generator or None, got {type(generator).__name__}: "
+                         f"the official draws span the whole batch (one uniform per mask), not one row each")
+    check_tensors(prompt, attention_mask, None, where)
     mask_id, head = raw.config.mask_token_id, raw.head
     x = F.pad(prompt, (0, max_new_tokens), value=mask_id)  # (B, L), L = P + max_new_tokens
     if attention_mask is not None:
@@ -698,7 +662,6 @@ def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, s
 
 def add_sampler_flags(parser):
     """--gen-length ... --cache-drift on `parser`, one per SamplerOptions field, each None when not given."""
-    from model import add_dataclass_flags  # the command lines' machinery; the samplers above need torch only
     add_dataclass_flags(parser, SamplerOptions)
 
 
@@ -710,40 +673,58 @@ def options_from_flags(args, defaults=None):
     given |= {n: getattr(args, n) for n in names if getattr(args, n) is not None}
     if given.get("cache") == "none":
         given["cache"] = None
-    return SamplerOptions(**given)
+    return SamplerOptions(**given, source="flags")
 
 
 def check_sampler_options(o, source=None):
-    """The sampler flags' values, checked by both command lines before any slow work: a ValueError naming the flag, in
-    one line (source: the file the values come from, e.g. a generation_defaults.json, named with the field instead).
-    Lengths left unset (None) are each command line's to fill in, and checked by the sampler."""
-    def name(key):
-        return f"--{key.replace('_', '-')}" if source is None else f"{source}: field {key!r} ="
-
-    for key in ("gen_length", "steps", "block_length", "top_k"):
+    """The one check of every sampler option, run where SamplerOptions is built (__post_init__), before any slow work:
+    a ValueError in one line naming the option as its `source` gave it: None = a library call (`threshold=1.5`),
+    "flags" = a command line (`--threshold 1.5`), a file's path (`PATH: field 'threshold' = 1.5`). Types, choices,
+    ranges, the options that need a cache, and the lengths against each other once all three are set (lengths left
+    unset are each command line's to fill in)."""
+    def said(key):
         value = getattr(o, key)
-        if value is not None and value < 1:
-            raise ValueError(f"{name(key)} {value}: must be at least 1")
+        return (f"{key}={value!r}" if source is None else f"--{key.replace('_', '-')} {value}" if source == "flags"
+                else f"{source}: field {key!r} = {json.dumps(value)}")
+
+    kinds = {"int": (numbers.Integral, "an integer"), "float": (numbers.Real, "a number"), "str": (str, "a string")}
+    for f in fields(o):
+        value, (kind, what) = getattr(o, f.name), kinds[getattr(f.type, "__name__", f.type)]
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+            raise ValueError(f"{said(f.name)}: expected {what}")
+    for key, choices in dict(sampler=SAMPLERS, remasking=REMASKING, cache=CACHES, alg=DREAM_ALGS).items():
+        if getattr(o, key) not in choices:
+            where = said(key) if source in (None, "flags") else f"{source}: {key} {getattr(o, key)!r}"
+            raise ValueError(f"{where}; expected one of {choices}")
+    for key in ("gen_length", "steps", "block_length", "top_k"):
+        if getattr(o, key) is not None and getattr(o, key) < 1:
+            raise ValueError(f"{said(key)}: must be at least 1")
     if o.threshold is not None and not 0 <= o.threshold < 1:
-        raise ValueError(f"{name('threshold')} {o.threshold}: a confidence in [0, 1)")
+        raise ValueError(f"{said('threshold')}: a confidence in [0, 1)")
     for key in ("temperature", "cfg_scale", "alg_temp"):
         value = getattr(o, key)
         if value is not None and not 0 <= value < math.inf:
-            raise ValueError(f"{name(key)} {value}: must be 0 (" + ("greedy" if key == "temperature" else "off") +
+            raise ValueError(f"{said(key)}: must be 0 (" + ("greedy" if key == "temperature" else "off") +
                              ") or more, a finite number")
     if o.cache_refresh is not None and (o.cache is None or not isinstance(o.cache_refresh, int) or o.cache_refresh < 1):
-        raise ValueError(f"{name('cache_refresh')} {o.cache_refresh}: a number of steps >= 1, with --cache prefix or "
-                         "dual")
+        raise ValueError(f"{said('cache_refresh')}: a number of steps >= 1, with --cache prefix or dual")
     if o.cache_drift is not None and (o.cache is None or not 0 < o.cache_drift <= 1):
-        raise ValueError(f"{name('cache_drift')} {o.cache_drift}: a cosine similarity in (0, 1], with --cache prefix "
-                         "or dual")
-    if o.cache_window is not None and (o.cache is None or not isinstance(o.cache_window, int) or o.cache_window < 1):
-        raise ValueError(f"{name('cache_window')} {o.cache_window!r}: a whole number of tokens >= 1 (the block "
-                         "length recomputes the block just finished), with --cache prefix or dual")
+        raise ValueError(f"{said('cache_drift')}: a cosine similarity in (0, 1], with --cache prefix or dual")
+    if o.cache_window is not None and (o.cache is None or o.cache_window < 1):
+        raise ValueError(f"{said('cache_window')}: a whole number of tokens >= 1 (the block length recomputes the "
+                         "block just finished), with --cache prefix or dual")
     if not 0 < o.eps < 1:
-        raise ValueError(f"{name('eps')} {o.eps}: the reverse process's last time, in (0, 1) (Dream's default 1e-3)")
+        raise ValueError(f"{said('eps')}: the reverse process's last time, in (0, 1) (Dream's default 1e-3)")
     if o.top_p is not None and not 0 < o.top_p <= 1:
-        raise ValueError(f"{name('top_p')} {o.top_p}: a probability in (0, 1]")
+        raise ValueError(f"{said('top_p')}: a probability in (0, 1]")
+    if o.sampler != "block" or None in (o.gen_length, o.steps, o.block_length):
+        return
+    if o.block_length > o.gen_length:
+        raise ValueError(f"{said('block_length')} is longer than {said('gen_length')}")
+    n_blocks = o.gen_length // o.block_length
+    if o.gen_length % o.block_length or o.steps % n_blocks:
+        raise ValueError(f"{said('gen_length')} must be a multiple of {said('block_length')}, and {said('steps')} a "
+                         f"multiple of the number of blocks {n_blocks}; e.g. steps {n_blocks * max(1, o.steps // n_blocks)}")
 
 
 def check_step_count(o, given=True, source=None):
@@ -758,14 +739,8 @@ def check_step_count(o, given=True, source=None):
 
 
 def check_lengths(o, folder=None):
-    """o's lengths (set) against each other and, given the model folder, its context (config.json), checked by both
-    command lines before the weights load, as the sampler would check them after: a ValueError in one line."""
-    from model import LLaDAConfig  # the command lines' own; reads config.json only, not the weights
-    if o.sampler == "block" and o.block_length > o.gen_length:
-        raise ValueError(f"--block-length {o.block_length} is longer than --gen-length {o.gen_length}")
-    if o.sampler == "block" and (o.gen_length % o.block_length or o.steps % (o.gen_length // o.block_length)):
-        raise ValueError(f"--gen-length {o.gen_length} must be a multiple of --block-length {o.block_length}, and "
-                         f"--steps {o.steps} a multiple of the number of blocks {o.gen_length // o.block_length}")
+    """--gen-length against the model folder's context (config.json), before the weights load: a ValueError in one
+    line (the lengths against each other are SamplerOptions' own check)."""
     context = LLaDAConfig.from_json(Path(folder) / "config.json").max_sequence_length if folder else math.inf
     if o.gen_length >= context:
         raise ValueError(f"--gen-length {o.gen_length} leaves no room for a prompt in the model's "
@@ -775,11 +750,6 @@ def check_lengths(o, folder=None):
 def check_sampler_choice(args, o, folder):
     """--sampler against the other flags and the model, once the folder's settings are in `o`: a flag of the sampler
     not chosen is refused, and Dream's sampler on a model that is not Dream. A ValueError in one line."""
-    from model import LLaDAConfig  # the command lines' own; reads config.json only, not the weights
-    if o.sampler not in SAMPLERS:  # a flag's choice is argparse's; this is the model folder's
-        raise ValueError(f"{Path(folder) / 'generation_defaults.json'}: sampler {o.sampler!r}; expected one of "
-                         f"{SAMPLERS}")
-    check_sampler_options(o)  # the folder's values too
     unread = [n for n in (BLOCK_ONLY if o.sampler == "dream" else DREAM_ONLY) if getattr(args, n) is not None]
     if unread:
         flags = " ".join("--" + n.replace("_", "-") for n in unread)
@@ -800,52 +770,21 @@ def check_sampler_choice(args, o, folder):
 FOLDER_TEXT_FIELDS = ("task", "prompt_style", "test_data")  # generation_defaults.json's fields besides the sampler's
 
 
-def locate_model(path):
-    """model.find_model, with a run folder whose `latest` names a checkpoint that is not there said as such (a
-    FileNotFoundError naming it and the checkpoints that are). Returns (model folder, adapter folder or None)."""
-    from model import find_model
-    p = Path(path)
-    if (p / "latest").is_file() and not (p / "config.json").is_file():
-        named = (p / "latest").read_text().strip()
-        if named and (Path(named).name != named or named in (".", "..")):  # gift.py writes a step-N name only
-            raise FileNotFoundError(f"--model {path}: its `latest` file ({p / 'latest'}) names {named!r}, outside the "
-                                    f"run folder's checkpoints/; give the checkpoint as --model {p}/checkpoints/step-N")
-        if not named or not (p / "checkpoints" / named).is_dir():
-            there = sorted(c.name for c in (p / "checkpoints").glob("step-*") if c.is_dir())
-            raise FileNotFoundError(f"--model {path}: its `latest` file names the checkpoint {named!r}, and "
-                                    f"{p / 'checkpoints' / named} is missing (deleted or moved); the checkpoints "
-                                    f"there: {', '.join(there) or 'none'}; give one as --model {p}/checkpoints/step-N")
-    return find_model(path)
-
-
 def folder_defaults(folder):
     """The model folder's generation_defaults.json ({} when it has none), checked: a JSON object whose sampler fields
     have SamplerOptions' types, choices and ranges (check_sampler_options), and whose other fields are strings; a
     ValueError naming the file and the field otherwise."""
-    from model import GENERATION_DEFAULTS, generation_defaults
     path, defaults = Path(folder) / GENERATION_DEFAULTS, generation_defaults(folder)
     if not isinstance(defaults, dict):
         raise ValueError(f"{path}: expected a JSON object of settings, e.g. {{\"gen_length\": 128}}, got "
                          f"{type(defaults).__name__}")
-    kinds = {int: "an integer", float: "a number", str: "a string"}
-    for f in fields(SamplerOptions):
-        value = defaults.get(f.name)
-        if value is None:
-            continue
-        kind = f.type if f.type in kinds else {"int": int, "float": float, "str": str}[f.type]
-        accepted = (int, float) if kind is float else kind
-        if not isinstance(value, accepted) or isinstance(value, bool):
-            raise ValueError(f"{path}: field {f.name!r} = {json.dumps(value)}: expected {kinds[kind]}")
-        if f.metadata.get("choices") and value not in f.metadata["choices"]:
-            raise ValueError(f"{path}: {f.name} {value!r}; expected one of {f.metadata['choices']}")
     for name in FOLDER_TEXT_FIELDS:
         if defaults.get(name) is not None and not isinstance(defaults[name], str):
             raise ValueError(f"{path}: field {name!r} = {json.dumps(defaults[name])}: expected a string")
     given = {f.name: defaults[f.name] for f in fields(SamplerOptions) if defaults.get(f.name) is not None}
     if given.get("cache") == "none":
         given["cache"] = None
-    check_sampler_options(SamplerOptions(**given), source=path)
-    check_step_count(SamplerOptions(**given), source=path)
+    check_step_count(SamplerOptions(**given, source=path), source=path)  # SamplerOptions checks the rest
     return defaults
 
 
@@ -856,7 +795,6 @@ def check_adapter(folder, adapter):
     recorded at training time (another model, or the same path retrained)."""
     if not adapter:
         return
-    from model import read_adapter_config
     read_adapter_config(adapter)  # its fields, and a model folder given as --adapter, before any weight loads
     model_dir, adapter_dir = Path(folder).resolve(), Path(adapter).resolve()
     checkpoint = adapter_dir.parent  # a gift.py checkpoint: step-N/{adapter, merged, trainer.json}
@@ -871,37 +809,11 @@ def check_adapter(folder, adapter):
         return  # not a gift.py checkpoint's adapter: nothing recorded to compare with
     if not base:
         return  # the embedded task's base exists only in memory (its fingerprint is of its tensors)
-    from model import folder_fingerprint
     now = folder_fingerprint(folder)
     if now != then:
         raise ValueError(f"--adapter {adapter}: trained on a base model with fingerprint {then} "
                          f"({checkpoint / 'trainer.json'}), but {folder} has fingerprint {now}: another model "
                          "(replaced, or retrained into the same path); give the base it was trained on")
-
-
-@contextmanager
-def loading(*folders):
-    """Reading the model folders (and adapter): an error because one of them disappeared meanwhile (a running gift.py
-    keeps only its last --keep-last checkpoints, rotating older ones away) is said in one line."""
-    try:
-        yield
-    except (OSError, ValueError):
-        gone = [p for p in folders if p and not Path(p).is_dir()]
-        if not gone:
-            raise
-        raise FileNotFoundError(f"{gone[0]} was removed while it loaded (a running gift.py rotates its checkpoints "
-                                "away, keeping the last --keep-last); rerun with the run folder to take the newest "
-                                "checkpoint") from None
-
-
-def load_weights(folder, adapter, dtype, device):
-    """LLaDA.from_pretrained(folder) with the adapter's LoRA layers loaded (model.load_adapter), inside loading()."""
-    from model import LLaDA, load_adapter
-    with loading(folder, adapter):
-        model = LLaDA.from_pretrained(folder, dtype=dtype, device=device)
-        if adapter:
-            load_adapter(model, adapter)  # adds LoRA layers (on the model's device) with the adapter's r / alpha
-    return model
 
 
 # -----------------------------------------------------------------------------
@@ -943,7 +855,7 @@ def parse_args(argv=None):
     p = make_parser()
     args = p.parse_args(argv)
     try:
-        check_sampler_options(options_from_flags(args))
+        options_from_flags(args)  # the flags' values, checked (SamplerOptions)
     except ValueError as e:
         p.error(str(e))
     if not -2 ** 63 <= args.seed < 2 ** 64:
@@ -952,7 +864,7 @@ def parse_args(argv=None):
         p.error(f"--device {args.device}: this machine has no CUDA device; use --device cpu")
 
     try:
-        args.folder, adapter = locate_model(args.model)
+        args.folder, adapter = find_model(args.model)
         defaults = folder_defaults(args.folder)  # what the model was trained to answer with (the embedded task's)
         options = options_from_flags(args, defaults)
         check_sampler_choice(args, options, args.folder)
@@ -971,15 +883,14 @@ def model_lengths(options):
     min(32, gen_length) and steps = gen_length (one token per step)."""
     gen_length = options.gen_length or 128
     block_length = options.block_length or min(32, gen_length)
-    return replace(options, gen_length=gen_length, steps=options.steps or gen_length, block_length=block_length)
+    return replace(options, gen_length=gen_length, steps=options.steps or gen_length, block_length=block_length,
+                   source="flags")
 
 
 def load_model(args, options=None):
     """The model in eval mode (LoRA dropout off), its adapter loaded, on --device in --dtype; and its tokenizer. The
     tokenizer is checked against config.json (chat tokens, ids within the embedding) and, with `options`, --prompt's
     length against the context, before the weights load."""
-    from data import chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text, load_tokenizer
-    from model import LLaDAConfig, compute_dtype
     dtype = compute_dtype(args.dtype or "auto", args.device)  # model.py's rule: bf16 on a GPU, float32 on the CPU
     with loading(args.folder, args.adapter):
         tokenizer = load_tokenizer(args.folder)
@@ -1011,7 +922,6 @@ def check_context(n_prompt, gen_length, context):
 
 def main(argv=None):
     args, options = parse_args(argv)
-    from data import chat_format, chat_prompt, encode_text
     model, tokenizer = load_model(args, options)  # a --prompt too long for the context is said before the weights load
     fmt = chat_format(tokenizer)  # LLaDA's template, or ChatML for Dream's tokenizer
     generator = torch.Generator(args.device).manual_seed(args.seed)
@@ -1061,5 +971,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from model import run_command_line
     run_command_line(main, "sample.py")  # a user's mistake: one line, exit status 1

@@ -1,6 +1,7 @@
 """The samplers on long answers: tokens/s, speed-up over the exact sampler and held-out accuracy at generation lengths
-256, 512 and 1024 (block 32, steps = length / 2, d1's protocol), on the committed toy model that writes ~200-240
-token answers (experiments/longform.py: a Fibonacci trace mod 10, graded exactly, line by line).
+256, 512 and 1024 (block 32, steps = length / 2, d1's protocol), on the committed toy models that write ~200-240
+token answers (experiments/longform.py: a rotation trace, graded exactly, line by line), one per length: each was
+trained with its answers padded to its length (longform.MODELS), as a model only writes well at the lengths it saw.
 
     python bench/long_sampler.py            # the table, CPU (~15 min on a 2-core CPU); bench/results/long_sampler-cpu.*
     python bench/long_sampler.py --smoke    # a random tiny model, two short lengths, seconds (tests/test_long_sampler.py)
@@ -41,7 +42,7 @@ LENGTHS = (256, 512, 1024)
 BLOCK = 32
 # held-out items per length (of 100): the exact sampler's cost grows as length^2 (steps x sequence), so longer
 # lengths get fewer items to keep the whole table near 15 minutes on 2 cores
-ITEMS = {256: 50, 512: 25, 1024: 10}
+ITEMS = {256: 50, 512: 50, 1024: 10}
 # (name, SamplerOptions fields): exact first (the speed-ups' reference)
 SETTINGS = [
     ("exact", {}),
@@ -135,23 +136,26 @@ def run_table(a):
         lengths, names = SMOKE["lengths"], SMOKE["settings"]
         counts = {n: SMOKE["items"] for n in lengths}
     else:
-        from data import load_tokenizer
-        model = LLaDA.from_pretrained(a.model).eval()
-        tokenizer = load_tokenizer(a.model)
         lengths, names = a.lengths, ["exact"] + [n for n, _ in SETTINGS if n in a.settings and n != "exact"]
         counts = {n: a.items or ITEMS.get(n, 25) for n in lengths}
     heldout = longform.items("heldout")
-    print(f"long answers: {a.model if not a.smoke else 'a random tiny model (--smoke)'}; block {BLOCK}, steps = "
+    which = a.model or "each length's model (longform.MODELS)" if not a.smoke else "a random tiny model (--smoke)"
+    print(f"long answers: {which}; block {BLOCK}, steps = "
           "length / 2, greedy; process CPU time of one thread; d = paired difference to exact, points")
     print(f"{'length':>6} {'setting':34} {'tok/s':>8} {'x exact':>7} {'lines % (95%)':>14} {'d (95%)':>14} "
           f"{'whole%':>6}")
     rows = []
     t0 = time.time()
     for n in lengths:
+        if not a.smoke:  # the model trained at this length, or --model's
+            from data import load_tokenizer
+            folder = a.model or longform.MODELS[n]
+            model, tokenizer = LLaDA.from_pretrained(folder).eval(), load_tokenizer(folder)
         rows += run_length(model, tokenizer, n, heldout[:counts[n]], names, a.batch)
     wall = time.time() - t0
     header = (f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {cpu_name()} "
-              f"({'--smoke' if a.smoke else a.model}), torch {torch.__version__}, one thread; {wall:.0f} s wall in all")
+              f"({'--smoke' if a.smoke else a.model or 'longform.MODELS'}), torch {torch.__version__}, one thread; "
+              f"{wall:.0f} s wall in all")
     md = markdown(rows, header)
     print(md)
     out = Path(a.out_dir)
@@ -242,9 +246,10 @@ def run_gpu(a):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="The samplers on long answers: tokens/s, speed-up and accuracy.")
-    p.add_argument("--model", default=str(longform.MODEL_DIR), help="the toy model folder (experiments/longform.py)")
+    p.add_argument("--model", default=None, help="a toy model folder for every length (default: each length's own, "
+                   "experiments/longform.MODELS)")
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="generation lengths, comma-separated")
-    p.add_argument("--items", type=int, default=None, help="held-out items per length (default: 50 / 25 / 10)")
+    p.add_argument("--items", type=int, default=None, help="held-out items per length (default: 50 / 50 / 10)")
     p.add_argument("--batch", type=int, default=25, help="items per sampler call")
     p.add_argument("--out-dir", default=str(REPO / "bench" / "results"), help="where the .md and .json go")
     p.add_argument("--smoke", action="store_true", help="tiny shapes, seconds")
@@ -261,6 +266,9 @@ def parse_args(argv=None):
         p.error(f"--settings: unknown {sorted(unknown)}; the rows are {[n for n, _ in SETTINGS]}")
     if any(n % BLOCK or n < BLOCK for n in a.lengths):
         p.error(f"--lengths {a.lengths}: each a multiple of the block length {BLOCK}")
+    if not (a.smoke or a.gpu or a.model) and set(a.lengths) - set(longform.MODELS):
+        p.error(f"--lengths {a.lengths}: no model trained at {sorted(set(a.lengths) - set(longform.MODELS))}; "
+                f"give one with --model (the committed ones: {sorted(longform.MODELS)})")
     return a
 
 

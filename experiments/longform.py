@@ -11,18 +11,23 @@ counted too (this model often miscopies the question's digits into line 1, so th
 The line count in the question says where the answer ends (an <|eot_id|> after line n).
 2,100 distinct digit strings, each with a line count; the first 100 are held out (in no training row).
 
-The model (0.17M parameters, d_model 64, 3 layers, float32, 0.7 MB) is committed in experiments/longform/model;
-bench/long_sampler.py reads it. It was trained by gift.py (SFT loss, full fine-tuning, one process, answers padded with
-EOS to 320 tokens) in three stages, what `python experiments/longform.py` reruns (43 minutes here on 2 busy cores:
-29 + 5 + 9):
-  1. a random tiny LLaDA, 800 steps on a first, harder trace (Fibonacci mod 10: "01: 3+7=0", "02: 7+0=7", ...,
-     fib_trace), which within that budget learnt the line layout and numbering but not the sum;
-  2. 300 more steps on it (the step-300 checkpoint of a 600-step cosine run);
-  3. 500 steps on the rotation, the task graded here.
-The stages are a record of how the model came to be (the first task did not train in the time there was), not a
-recipe; a single run on the rotation from a random model is untried.
+Three models, one per generation length of the benchmark (MODELS), each 0.17M parameters (d_model 64, 3 layers,
+float32, 0.7 MB), committed in experiments/longform/, trained by gift.py (SFT loss, full fine-tuning, one process,
+every answer padded with EOS to --max-len, as LLaDA's SFT pads). A model writes well only at the total length it was
+trained at: the one padded to 1,100 tokens gets 41.3% of the lines right at generation length 1024 and 0% at 256 and
+512; the one padded to 320 gets 80.7% at 256 and 25.9% at 512, 0% at 1024. Hence one model per length:
+  model       (256): three stages, answers padded to 320, what `python experiments/longform.py` reruns (43 minutes on
+              2 busy cores: 29 + 5 + 9): 800 steps on a first, harder trace (Fibonacci mod 10, fib_trace: it learnt
+              the line layout, not the sum), 300 more steps on it, then 500 on the rotation (a record of how the
+              model came to be, not a recipe);
+  model-512   (512): one stage from the random model, `--max-len 560 --steps 2500 --seed 1 --no-warm-up-chars`;
+  model-1024 (1024): one stage, `--max-len 1100 --steps 3000 --seed 1`.
+The one-stage runs were made on an H200 (179 s and 352 s, the GPU shared by 2 and 4 such runs); on 2 CPU cores they
+would take hours (gift.py's ~10k tokens/s there: 2,500 steps of 32 x 585 tokens is ~80 minutes).
 
-    python experiments/longform.py                 # the three stages, the model copied to experiments/longform/model
+    python experiments/longform.py                 # model: the three stages, copied to experiments/longform/model
+    python experiments/longform.py --max-len 1100 --steps 3000 --model-out experiments/longform/model-1024 \
+        --eval-lengths 1024                        # model-1024 (on a GPU: minutes)
     python experiments/longform.py --smoke         # tiny sizes, seconds
 """
 
@@ -49,7 +54,9 @@ QUESTION = "rotate {s}, {n} lines"
 WIDTH = 6  # digits a line
 LINES = (18, 22)  # line counts, low and high: answers of 197-241 characters
 N_TRAIN, N_HELDOUT = 2000, 100
-MODEL_DIR = Path(__file__).resolve().parent / "longform" / "model"  # the committed model
+MODEL_DIR = Path(__file__).resolve().parent / "longform" / "model"  # the committed model for length 256
+# the committed model for each generation length of bench/long_sampler.py: trained with its answers padded to it
+MODELS = {256: MODEL_DIR, 512: MODEL_DIR.parent / "model-512", 1024: MODEL_DIR.parent / "model-1024"}
 MODEL = dict(d_model=64, n_heads=4, n_kv_heads=4, n_layers=3, mlp_hidden_size=192, max_sequence_length=2048)
 # gift.py's flags (besides --model, --data, --out): the answer padded with EOS to max_len, as LLaDA's SFT pads, so
 # that the model has learnt to write EOS after the answer (generation lengths 256-1024 leave 15-827 positions to it)
@@ -63,8 +70,9 @@ SMOKE = dict(max_steps=4, batch_size=8, warmup_steps=1, log_every=1, save_every=
 SMOKE_MODEL = dict(d_model=32, n_heads=2, n_kv_heads=2, n_layers=1, mlp_hidden_size=64, max_sequence_length=2048)
 
 
-def make_tokenizer():
-    return make_char_tokenizer(VOCAB)
+def make_tokenizer(warm_up=True):
+    """The char tokenizer: VOCAB, or without the warm-up trace's "+=" for a one-stage run (--max-len)."""
+    return make_char_tokenizer(VOCAB if warm_up else VOCAB.replace("+=", ""))
 
 
 # -----------------------------------------------------------------------------
@@ -136,7 +144,7 @@ def evaluate(model, tokenizer, heldout, options, batch_size=32):
     records = []
     for start in range(0, len(heldout), batch_size):
         chunk = heldout[start:start + batch_size]
-        prompt = torch.tensor([prompt_ids(tokenizer, it) for it in chunk])  # (B, P)
+        prompt = torch.tensor([prompt_ids(tokenizer, it) for it in chunk], device=model.head.weight.device)  # (B, P)
         x = generate_with_options(model, prompt, options=options)  # (B, P + gen_length)
         for it, ids in zip(chunk, x[:, prompt.shape[1]:].tolist()):
             text = decode_until_stop(tokenizer, ids)
@@ -171,7 +179,7 @@ def train_argv(model, data, out, flags, smoke=False):
     return argv
 
 
-def build(out, smoke=False):
+def build(out, smoke=False, warm_up=True):
     """The two tasks' training data (fib.jsonl, rotate.jsonl) and the random initial model with its tokenizer."""
     out.mkdir(parents=True, exist_ok=True)
     rows = dict(fib=fib_rows(), rotate=[(it["question"], trace(it["s"], it["n"])) for it in items("train")])
@@ -179,7 +187,7 @@ def build(out, smoke=False):
         with open(out / f"{name}.jsonl", "w") as f:
             for prompt, response in pairs:
                 f.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
-    tokenizer = make_tokenizer()
+    tokenizer = make_tokenizer(warm_up)
     config = tiny_config_for(tokenizer, **(SMOKE_MODEL if smoke else MODEL))
     init = LLaDA(config).init_weights(torch.Generator().manual_seed(0))
     init.save_pretrained(out / "init")
@@ -194,29 +202,40 @@ def main(argv=None):
     p.add_argument("--eval-items", type=int, default=100, help="held-out items graded at the end (exact sampler)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     p.add_argument("--smoke", action="store_true", help="tiny sizes (seconds)")
+    p.add_argument("--eval-lengths", default="256", help="generation lengths graded at the end, comma-separated")
+    p.add_argument("--max-len", type=int, default=None, help="one stage on the rotation from the random model, "
+                   "answers padded with EOS to this many tokens (a model for generation lengths up to it)")
+    p.add_argument("--steps", type=int, default=3000, help="--max-len: optimizer steps")
+    p.add_argument("--lr", type=float, default=2e-3, help="--max-len: peak learning rate")
+    p.add_argument("--seed", type=int, default=1, help="--max-len: gift.py's seed")
+    p.add_argument("--no-warm-up-chars", action="store_true", help="a tokenizer without the warm-up trace's \"+=\" "
+                   "(unused by the rotation; model-512 was trained so, the others with them)")
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
     out = Path(a.out)
-    model_dir = build(out, a.smoke)
+    model_dir = build(out, a.smoke, warm_up=not a.no_warm_up_chars)
+    stages = STAGES if a.max_len is None else [  # one stage on the rotation, answers padded to --max-len
+        ("rotate", a.steps, dict(max_steps=a.steps, lr=a.lr, warmup_steps=100, seed=a.seed, save_every=500,
+                                 max_len=a.max_len))]
     t0 = time.time()
-    for k, (task, keep, flags) in enumerate(STAGES, start=1):
+    for k, (task, keep, flags) in enumerate(stages, start=1):
         argv = train_argv(model_dir, out / f"{task}.jsonl", out / f"stage{k}", flags, a.smoke)
         print("python gift.py " + " ".join(argv), flush=True)
         with gift.run_folder(out / f"stage{k}", False, True) as preemption:
             model, inputs, _ = gift.train(gift.parse_options(argv), preemption)
         model_dir = out / f"stage{k}" / "checkpoints" / f"step-{(4 if a.smoke else keep):07d}" / "model"
     train_s = time.time() - t0
-    model = LLaDA.from_pretrained(model_dir)
     shutil.rmtree(a.model_out, ignore_errors=True)
     shutil.copytree(model_dir, a.model_out)
-    model.eval()
-    options = SamplerOptions(gen_length=256, steps=128, block_length=32)
-    t0 = time.time()
-    records = evaluate(model, inputs.tokenizer, items("heldout")[:a.eval_items], options)
-    acc, half, exact = accuracy(records)
-    print(f"trained in {train_s:.0f} s; model {a.model_out}; held-out ({len(records)} items, gen 256, block 32, "
-          f"128 steps, exact sampler): lines {acc:.1f} +- {half:.1f}%, whole answers {exact:.1f}% "
-          f"({time.time() - t0:.0f} s)")
+    model = LLaDA.from_pretrained(model_dir, device="cuda" if torch.cuda.is_available() else "cpu").eval()
+    for length in map(int, a.eval_lengths.split(",")):
+        t0 = time.time()
+        options = SamplerOptions(gen_length=length, steps=length // 2, block_length=32)  # d1's protocol
+        records = evaluate(model, inputs.tokenizer, items("heldout")[:a.eval_items], options)
+        acc, half, exact = accuracy(records)
+        print(f"trained in {train_s:.0f} s; model {a.model_out}; held-out ({len(records)} items, gen {length}, block "
+              f"32, {length // 2} steps, exact sampler): lines {acc:.1f} +- {half:.1f}%, whole answers {exact:.1f}% "
+              f"({time.time() - t0:.0f} s)", flush=True)
     return dict(train_s=train_s, lines=acc, exact=exact)
 
 

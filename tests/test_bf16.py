@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 import gift
 from gift import chunked_cross_entropy, main
+import model as M
 from model import LLaDA, LLaDAConfig, load_adapter, merge_lora
 from on_model import model_entropy_and_nll
 
@@ -207,3 +208,35 @@ def test_meta_loading_refuses_a_checkpoint_that_does_not_match(base, tmp_path):
     from model import load_weight_rows
     with pytest.raises(ValueError, match="missing keys.*blocks.2"):
         load_weight_rows(model, base / "model", rank=0, world=1)
+
+
+def test_rope_tables_reach_fsdp2_blocks_in_float32_under_activation_checkpointing():
+    """Why LLaDA.forward hands RoPE to the blocks as one complex tensor: FSDP2's bf16 MixedPrecisionPolicy (torch 2.13)
+    casts every floating-point input of a sharded block to bf16, so float32 cos / sin tables would be rounded, as the
+    official float32 RoPE (rope_full_precision) is not; a complex tensor is passed through as it is. One process, a
+    process group of one (gloo), one FSDP2 group per block, activation checkpointing on, a gradient-enabled forward."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        probe = torch.nn.Linear(4, 4)
+        fully_shard(probe, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+        seen = []
+        probe.register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
+        probe(torch.zeros(2, 4))
+        assert seen == [torch.bfloat16]  # a float32 input is cast: the reason for the complex tables
+
+        config = LLaDAConfig(d_model=16, n_heads=2, n_kv_heads=2, n_layers=2, mlp_hidden_size=32, vocab_size=40,
+                             embedding_size=40, mask_token_id=39, eos_token_id=38, pad_token_id=38,
+                             max_sequence_length=32)
+        model = LLaDA(config).init_weights(torch.Generator().manual_seed(0))
+        model.set_activation_checkpointing(True)
+        gift.fsdp_shard(model, torch.device("cpu"), torch.bfloat16, one_group_max=0)  # one group per block
+        ropes = []
+        model.model.transformer.blocks[0].register_forward_pre_hook(lambda m, args: ropes.append(args[1]))
+        model(torch.randint(0, 38, (2, 12), generator=torch.Generator().manual_seed(1))).float().sum().backward()
+        assert ropes and all(r.dtype == torch.complex64 for r in ropes)
+        cos, sin = M.rope_cos_sin(12, config.head_dim, config.rope_theta, "cpu")
+        assert torch.equal(ropes[0].real, cos) and torch.equal(ropes[0].imag, sin)  # the float32 tables, unrounded
+    finally:
+        dist.destroy_process_group()

@@ -161,11 +161,10 @@ def test_the_drift_test_sees_the_blocks_queries(monkeypatch, cache, one_thread):
     ids, mask, _ = padded_batch()
     real, checked = sample.guided_logits, []
 
-    def checking(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache=None, span=None,
-                 attn_rows=None):
-        out = real(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, kv_cache, span, attn_rows)
-        if attn_rows is not None and span is not None:
-            qs, qe, rows = attn_rows
+    def checking(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, cache=None):
+        out = real(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, cache)
+        if cache is not None and cache.attn_rows is not None and cache.span is not None:
+            qs, qe, rows = cache.attn_rows
             full = []
             model(x, attention_mask=attention_mask, position_ids=padded_positions(attention_mask),
                   attn_rows=(qs, qe, full))

@@ -154,7 +154,8 @@ def test_generate_until_gives_eval_pys_generations(folders, temperature, one_thr
                                   task_manager=TaskManager(include_path=str(TASKS), include_defaults=False))
     items = [json.loads(line) for line in (TASKS / "gift_gen.jsonl").read_text().splitlines()]
     options = SamplerOptions(gen_length=16, steps=8, block_length=8, temperature=temperature)
-    _, records = E.evaluate(model, tokenizer, items, "sudoku", options, batch_size=2, prompt_style="plain", seed=3)
+    _, records = E.evaluate(model, tokenizer, items, "sudoku", options, batch_size=2, prompt_style="plain",
+                            run=E.SeedRun(seed=3))
     want = [E.cut_at_stops(r["generation"], ["<|eot_id|>", "<|endoftext|>", "</answer>"]) for r in records]
     got = [s["resps"][0][0] for s in sorted(out["samples"]["gift_gen"], key=lambda s: s["doc_id"])]
     assert got == want and any(want)
@@ -175,7 +176,9 @@ def test_what_is_not_supported_is_refused_by_name(folders):
     """A task that needs images is refused naming it (the harness's check of the model's MULTIMODAL); a request
     shaped for another model (images after the text) names its task; unknown model_args are named."""
     folder, _, _ = folders["llada"]
-    lm = E.GiftLM(model=str(folder), mc_num=2)
+    lm = E.GiftLM(model=str(folder), mc_num=2, max_batch_size=4)  # lm-eval's own key is taken (and not read)
+    with pytest.raises(ValueError, match="must be integers >= 1 \\(no 'auto'\\)"):
+        E.GiftLM(model=str(folder), batch_size="auto")
     with pytest.raises(ValueError, match="gift_image"):
         lm_eval.simple_evaluate(model=lm, tasks=["gift_image"], task_manager=TaskManager(include_path=str(TASKS),
                                                                                          include_defaults=False))

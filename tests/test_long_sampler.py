@@ -111,14 +111,14 @@ def test_the_windowed_rebuild_writes_the_window_and_keeps_the_rest(shifted, one_
 
 
 def test_the_window_is_checked_where_the_options_are():
-    """cache_window: a whole number >= 1 with a cache; refused in one line by the command lines' check and by
-    generate_cached (which calls the same check); --cache-window is a flag of sample.py and eval.py."""
+    """cache_window: a whole number >= 1 with a cache; refused in one line where SamplerOptions is built, by a
+    command line or a library call; --cache-window is a flag of sample.py and eval.py."""
     for bad in (dict(cache_window=32), dict(cache="dual", cache_window=0), dict(cache="dual", cache_window=2.5)):
         with pytest.raises(ValueError, match="--cache-window"):
-            sample.check_sampler_options(SamplerOptions(**bad))
-        with pytest.raises(ValueError, match="cache.window"):
+            SamplerOptions(**bad, source="flags")  # as the command lines build them
+        with pytest.raises(ValueError, match="cache_window="):
             generate_cached(no_mask_model(), prompts(1, 3, 0), options=SamplerOptions(**bad, **LONG))
-    sample.check_sampler_options(SamplerOptions(cache="prefix", cache_window=32))
+    SamplerOptions(cache="prefix", cache_window=32)
     assert "cache_window" in sample.BLOCK_ONLY  # --sampler dream refuses it (check_sampler_choice)
     import eval as E
     for parser in (sample.make_parser(), E.make_parser()):

@@ -383,7 +383,7 @@ def test_train_step_counts_every_micro_batch(base):
     model = LLaDA.from_pretrained(base / "model")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     examples, _ = load_dataset(base / "data.jsonl", load_tokenizer(base / "model"))
-    batches = gift.step_micro_batches(examples, list(range(7)), 0, 0, 1, 3, 3, model.config.pad_token_id,
+    batches = gift.step_micro_batches(examples, list(range(7)), 0, gift.Split(0, 1, 3, 3), model.config.pad_token_id,
                                       torch.device("cpu"), seed=1)
     assert [len(b.input_ids) for b in batches] == [3, 2, 2]
     expected = dict(n_rows=7.0, n_masked=0.0, n_answer=0.0, beta_sum=0.0, beta_n=0.0)
@@ -402,7 +402,7 @@ def test_train_step_counts_every_micro_batch(base):
     # a step shorter than the accumulation: zero-weight dummies fill the empty micro-batches and change nothing
     def step(accum):
         model = LLaDA.from_pretrained(base / "model")
-        batches = gift.step_micro_batches(examples, [5], 0, 0, 1, 1, accum, model.config.pad_token_id,
+        batches = gift.step_micro_batches(examples, [5], 0, gift.Split(0, 1, 1, accum), model.config.pad_token_id,
                                           torch.device("cpu"), seed=1)
         result = gift.train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), batches, "gift")
         return [b.real for b in batches], result, model.state_dict()
@@ -419,7 +419,7 @@ def test_a_step_over_micro_batches_is_the_loss_of_the_whole_batch(base, loss_nam
     on the 7 rows at once (its own normaliser), the same noise drawn from the rows' generators."""
     examples, _ = load_dataset(base / "data.jsonl", load_tokenizer(base / "model"))
     pad = LLaDA.from_pretrained(base / "model").config.pad_token_id
-    batches = gift.step_micro_batches(examples, list(range(7)), 0, 0, 1, 3, 3, pad, torch.device("cpu"), seed=1,
+    batches = gift.step_micro_batches(examples, list(range(7)), 0, gift.Split(0, 1, 3, 3), pad, torch.device("cpu"), seed=1,
                                       pad_to=64)
     ids = torch.cat([b.input_ids for b in batches])
     answer_mask = torch.cat([b.answer_mask for b in batches])

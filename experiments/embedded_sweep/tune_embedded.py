@@ -38,11 +38,13 @@ t0 = time.time()
 model, tok, held, final = gift.train(gift.parse_options(cfg["flags"]))
 t_train = time.time() - t0
 from eval import SUDOKU_QUESTION, evaluate
+from sample import SamplerOptions
 items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in held]
 rows = []
 for ck in sorted(Path(cfg["flags"][cfg["flags"].index("--out") + 1]).glob("checkpoints/step-*")):
     m = gift.LLaDA.from_pretrained(ck / "model")
-    acc, recs = evaluate(m, tok, items, "sudoku", prompt_style="plain", gen_length=34, block_length=34, steps=34, batch_size=64)
+    acc, recs = evaluate(m, tok, items, "sudoku", SamplerOptions(gen_length=34, steps=34, block_length=34), batch_size=64,
+                         prompt_style="plain")
     solved = 100 * sum(r["correct_cells"] == r["empty_cells"] for r in recs) / len(recs)
     rows.append(dict(step=int(ck.name[5:]), cells=acc, puzzles=solved))
 print("RESULT " + json.dumps(dict(name=cfg["name"], train_s=t_train, evals=rows)), flush=True)
