@@ -41,8 +41,8 @@ import torch.distributed as dist
 
 from data import (BOS, BadRow, chat_format, chat_prompt, check_chat_tokens, check_mask_token, data_text, encode,
                   encode_text, json_row, load_tokenizer, mask_in_text, read_data_file, unencodable_characters)
-from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, compute_dtype, end_distributed, find_model,
-                   folder_fingerprint, generation_defaults, load_weights, lock_file, merge_lora, run_command_line,
+from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, compute_dtype, end_distributed,
+                   find_model, folder_fingerprint, generation_defaults, load_weights, lock_file, run_command_line,
                    setup_distributed)
 from sample import (SamplerOptions, add_sampler_flags, check_adapter, check_sampler_choice, check_step_count,
                     decode_until_stop, folder_defaults, generate, generate_with_options, options_from_flags)
@@ -1000,14 +1000,6 @@ def run_settings(args, dtype):
     return settings | {k: v for k, v in extra.items() if v}
 
 
-def load_model(args, device, dtype):
-    """The model in eval mode, its LoRA adapter merged in (one weight per layer: faster sampling, same function)."""
-    model = load_weights(args.folder, args.adapter, dtype, device)
-    if args.adapter:
-        merge_lora(model.to(device))
-    return model.eval()
-
-
 def evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch):
     """One evaluate() per --seeds seed, going on from the records `finished`: rank 0's [{seed, accuracy, records}]."""
     o, rank, runs = args.options, rank_and_world()[0], []
@@ -1061,7 +1053,7 @@ def main(argv=None):
             box = [finished]
             dist.broadcast_object_list(box, src=0)
             finished = box[0]
-        model = load_model(args, device, dtype)  # its config.json's mask token checked by load_data
+        model = load_weights(args.folder, args.adapter, dtype, device, merge=True).eval()  # mask token: load_data's
         on_batch = (lambda new: append_records(records_path, new, settings)) if records_path else None
         runs = evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch)
         if rank == 0:
@@ -1188,8 +1180,8 @@ class GiftLM(LM):
         check_sampler_choice(given, self.options, self.folder)
         self._rank, self._world_size, where = setup_distributed()  # torchrun's ranks: each gets a slice
         self._device = torch.device(opts.device) if opts.device and self._world_size == 1 else where
-        self.model = load_model(argparse.Namespace(folder=self.folder, adapter=self.adapter), self._device,
-                                compute_dtype(opts.dtype, self._device))
+        self.model = load_weights(self.folder, self.adapter, compute_dtype(opts.dtype, self._device), self._device,
+                                  merge=True).eval()
         self.tokenizer = load_tokenizer(self.folder)
         check_mask_token(self.tokenizer, self.model.config)
         self.fmt = chat_format(self.tokenizer)

@@ -1116,13 +1116,16 @@ def loading(*folders):
                                 "checkpoint") from None
 
 
-def load_weights(folder, adapter=None, dtype=None, device=None):
-    """The one way sample.py and eval.py load a model: LLaDA.from_pretrained(folder) (the folder find_model gives),
-    then the adapter (load_adapter); inside loading(), so a checkpoint rotated away meanwhile is said as such."""
+def load_weights(folder, adapter=None, dtype=None, device=None, merge=False):
+    """The one way gift.py, sample.py and eval.py load a model: LLaDA.from_pretrained(folder) (the folder find_model
+    gives), then the adapter (load_adapter), merged into the base with `merge` (eval.py: one weight per layer, faster
+    sampling, the same function); inside loading(), so a checkpoint rotated away meanwhile is said as such."""
     with loading(folder, adapter):
         model = LLaDA.from_pretrained(folder, dtype=dtype, device=device)
         if adapter:
             load_adapter(model, adapter)  # adds LoRA layers (on the model's device) with the adapter's r / alpha
+            if merge:
+                merge_lora(model)
     return model
 
 

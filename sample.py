@@ -724,7 +724,8 @@ def check_sampler_options(o, source=None):
     n_blocks = o.gen_length // o.block_length
     if o.gen_length % o.block_length or o.steps % n_blocks:
         raise ValueError(f"{said('gen_length')} must be a multiple of {said('block_length')}, and {said('steps')} a "
-                         f"multiple of the number of blocks {n_blocks}; e.g. steps {n_blocks * max(1, o.steps // n_blocks)}")
+                         f"multiple of the number of blocks {n_blocks}; e.g. steps "
+                         f"{n_blocks * max(1, o.steps // n_blocks)}")
 
 
 def check_step_count(o, given=True, source=None):

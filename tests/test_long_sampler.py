@@ -174,3 +174,21 @@ def test_the_bench_smoke(tmp_path, one_thread):
     rows = long_sampler.main(["--gpu", "--smoke", "--out-dir", str(tmp_path)])
     assert {r["table"] for r in rows} == {"settings", "exact sweep"}
     assert (tmp_path / "long_sampler-gpu-smoke.md").is_file()
+
+
+def test_each_length_has_its_committed_model_and_a_length_without_one_is_refused(capsys):
+    """bench/long_sampler.py's lengths each read the model trained at that length (longform.MODELS): it is there in
+    the clone, answers the task's prompts within its context, and reads them with the task's tokenizer; a length with
+    no model is refused in one line unless --model names one."""
+    from data import load_tokenizer
+    from model import LLaDAConfig
+    assert set(longform.MODELS) == set(long_sampler.LENGTHS)
+    item = longform.items("heldout")[0]
+    for length, folder in longform.MODELS.items():
+        config = LLaDAConfig.from_json(folder / "config.json")
+        ids = longform.prompt_ids(load_tokenizer(folder), item)
+        assert len(ids) + length <= config.max_sequence_length and max(ids) < config.vocab_size
+    with pytest.raises(SystemExit):
+        long_sampler.parse_args(["--lengths", "384"])
+    assert "no model trained at [384]" in capsys.readouterr().err
+    assert long_sampler.parse_args(["--lengths", "384", "--model", str(longform.MODEL_DIR)]).lengths == (384,)
