@@ -392,7 +392,8 @@ def _unreadable(tokenizer, text, encoding, unk):
 
 
 def unencodable_characters(tokenizer, text):
-    """_unencodable's characters: [] for LLaDA's byte-level BPE, which encodes any text."""
+    """The distinct characters of `text` (outside its special tokens, in order of appearance) that the tokenizer has
+    no faithful token for. [] for LLaDA's byte-level BPE, which encodes any text."""
     return list(_unencodable(tokenizer, text, _unknown_token(tokenizer)))
 
 

@@ -575,11 +575,12 @@ def item_generator(seed, index, device):
     return torch.Generator(device).manual_seed(seed * 1_000_003 + index)
 
 
-def d1_options(options, task):
-    """The options, d1's protocol where a length is unset: the task's GEN_LENGTH, block 32, steps = gen_length / 2."""
+def d1_options(options, task, source=None):
+    """The options, d1's protocol where a length is unset: the task's GEN_LENGTH, block 32, steps = gen_length / 2
+    (source: who gave them, as SamplerOptions names it in a refusal: None a library call, "flags" the command line)."""
     gen_length = options.gen_length or GEN_LENGTH[task]
     return replace(options, gen_length=gen_length, steps=options.steps or gen_length // 2,
-                   block_length=options.block_length or BLOCK_LENGTH, source="flags")
+                   block_length=options.block_length or BLOCK_LENGTH, source=source)
 
 
 def left_padded(prompts, pad_id):
@@ -876,7 +877,7 @@ def resolve_model(p, args):
         args.data = str(args.folder / defaults["test_data"])
     args.prompt_style = args.prompt_style or defaults.get("prompt_style", "d1")
     try:
-        o = d1_options(options_from_flags(args, defaults), args.task)  # a flag, else the folder's, else d1's protocol
+        o = d1_options(options_from_flags(args, defaults), args.task, "flags")  # a flag, else the folder's, else d1's
         check_sampler_choice(args, o, args.folder)
         check_step_count(o, given=args.steps is not None)  # the context is load_data's check, after --out
     except ValueError as e:
@@ -1187,8 +1188,8 @@ class GiftLM(LM):
         self.fmt = chat_format(self.tokenizer)
         self.batch_size, self.mc_num, self.seed = opts.batch_size, opts.mc_num, opts.seed
         self.check_greedy, self.max_length = opts.check_greedy, self.model.config.max_sequence_length
-        bos = self.tokenizer.token_to_id(BOS)  # an empty context is this one token; EOS without one (Dream's)
-        self.prefix_id = self.model.config.eos_token_id if bos is None else bos
+        bos = self.tokenizer.token_to_id(BOS)  # an empty context is this one token; EOS for ChatML (Dream's)
+        self.prefix_id = self.model.config.eos_token_id if bos is None or self.fmt == "chatml" else bos
 
     # --- what the harness asks of a model ---
 

@@ -556,7 +556,7 @@ FSDP_ONE_GROUP_MAX_PARAMS = 10_000_000  # FSDP2 shards a model up to this size a
 def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=False, seed=0, parallel=""):
     """lora=None: full fine-tuning; float32 master weights, sharded with FSDP2 (fsdp_shard) over `world` > 1
     processes, computing in `dtype`. A model built on the meta device is sharded there, then given empty storage on
-    `device` (the host under cpu_offload): fill it with model.load_weight_rows (each rank reads only its rows).
+    `device` (the host with "fsdp-offload"): fill it with model.load_weight_rows (each rank reads only its rows).
     lora=dict(r=, alpha=, dropout=, targets=): float32 adapters (A initialised from `seed`) on a frozen base in
     `dtype`, replicated with DDP over `world` > 1 processes, or with parallel="fsdp" sharded by FSDP2.
     parallel="fsdp-offload" (--cpu-offload): FSDP2 keeps the shards, their gradients and AdamW's states on the host,
@@ -641,8 +641,9 @@ def predicting_hidden(model, input_ids):
 
 
 def first_pass_betas(model, betas_from, input_ids, answer_mask, mask_id, beta_power=BETA_POWER, chunk_size=CE_CHUNK):
-    """Algorithm 1 on our model: the betas of the no-grad first pass (dropout off), (B, L) float32. betas_from: as
-    OBJECTIVES' second column; "initial" under LoRA disables the adapters (full fine-tuning: gift_star_betas)."""
+    """Algorithm 1 on our model: the betas of the no-grad first pass (dropout off), (B, L) float32. betas_from
+    (OBJECTIVES' second column): "entropy" = H_i^beta_power, "nll" = -log p(x0^i), "initial" = the entropy betas of the
+    initial model (under LoRA: the adapters disabled; full fine-tuning: gift_star_betas, computed once)."""
     core = unwrap(model)
     if betas_from == "initial" and not lora_layers(core):
         raise ValueError("gift.py first_pass_betas: gift-star needs the initial model's betas, but this model has no "
@@ -789,17 +790,17 @@ class Loss:
     beta_power: float = BETA_POWER
 
 
-def train_step(model, optimizer, micro_batches, loss, grad_clip=1.0, autocast=contextlib.nullcontext()):
-    """One optimizer step of Algorithm 2 on a global batch (each rank passes its own MicroBatches). loss: a Loss, or
-    an objective's name. Returns a dict: loss (of the whole batch), grad_norm (before clipping), stepped (False when
+def train_step(model, optimizer, micro_batches, objective, grad_clip=1.0, autocast=contextlib.nullcontext()):
+    """One optimizer step of Algorithm 2 on a global batch (each rank passes its own MicroBatches). objective: a Loss,
+    or an objective's name. Returns a dict: loss (of the whole batch), grad_norm (before clipping), stepped (False when
     either is not finite: the update is skipped), and the COUNTS summed over micro-batches and ranks."""
-    loss = Loss(loss) if isinstance(loss, str) else loss
-    loss_name, eps, beta_power = loss.name, loss.eps, loss.beta_power
+    objective = Loss(objective) if isinstance(objective, str) else objective
+    loss_name, eps, beta_power = objective.name, objective.eps, objective.beta_power
     world = dist.get_world_size() if dist.is_initialized() else 1
     core = unwrap(model)
     mask_id, device = core.config.mask_token_id, micro_batches[0].input_ids.device
     params = [p for p in model.parameters() if p.requires_grad]
-    betas_from, norm = OBJECTIVES[loss_name][1], loss.norm or DEFAULT_NORM[loss_name]
+    betas_from, norm = OBJECTIVES[loss_name][1], objective.norm or DEFAULT_NORM[loss_name]
 
     # pass 1, every micro-batch: the betas (GIFT: the no-grad entropy pass, Algorithm 1), t, the mask, the weights
     for mb in micro_batches:
@@ -1081,7 +1082,8 @@ def rank_micro_batches(step_indices, rank, world_size, micro_batch, accum):
     """This rank's share of one optimizer step, as exactly `accum` micro-batches (lists of example indices): the step
     is split into `accum` consecutive global micro-batches, global micro-batch j into `world_size` consecutive parts,
     part r going to rank r, so that the union over ranks is the single-process micro-batch j. The short last step of
-    an epoch is spread evenly: a micro-batch may be EMPTY."""
+    an epoch is spread evenly: a micro-batch may be EMPTY (step_micro_batches makes it a zero-weight dummy row, which
+    keeps the DDP / FSDP2 collectives of every rank in step)."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in [0, {world_size})")
     if len(step_indices) > world_size * micro_batch * accum:
@@ -1657,7 +1659,7 @@ def export_pretrained(config, state_dict, path, dtype, files=()):
 
 
 def save_checkpoint(model, optimizer, folder, trainer, loop_state, lora, export):
-    """Every rank calls it: the checkpoint (its parts: the comment above CheckpointManager) written to <folder>.tmp,
+    """Every rank calls it: the checkpoint (its parts: the comment above TrainState) written to <folder>.tmp,
     renamed to `folder` when complete, then named in <out>/latest. A failed write says where and frees the space."""
     tmp = folder.with_name(folder.name + ".tmp")
     try:
@@ -1992,7 +1994,7 @@ def banner(opts, inputs, model, world, device, dtype, total_steps, global_batch)
     c = unwrap(model).config
     what = (f"LoRA r {opts.lora_r} on {opts.lora_targets}" if opts.lora else "full fine-tuning") + f", loss {opts.loss}"
     base = opts.model or "a tiny LLaDA from scratch (the embedded task)"
-    family = f"{c.family.architecture}, " if c.model_type else ""  # a config made in code: LLaDA, said already
+    family = "Dream, " if c.predicts_shifted else ""  # LLaDA: the banner's default
     return (f"gift.py: {what}; {base}: {n_params / 1e6:.2f}M parameters ({family}d_model {c.d_model}, "
             f"{c.n_layers} layers, {c.n_heads} heads); {world} process{'es' if world > 1 else ''} on {device.type}, "
             f"{str(dtype).replace('torch.', '')}; {total_steps} optimizer steps of {global_batch} examples; "

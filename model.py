@@ -86,7 +86,7 @@ class Family:
 
 
 FAMILIES = {  # config.json's model_type -> the family (none: LLaDA, a config made in code)
-    "llada": Family("LLaDA", {}, (), {}, {}, may_tie_head=False, predicts_shifted=False, rope_in_float32=True,
+    "llada": Family("LLaDA-8B", {}, (), {}, {}, may_tie_head=False, predicts_shifted=False, rope_in_float32=True,
                     pad_attends_nothing=False),
     "Dream": Family("Dream-v0", DREAM_FIELDS, DREAM_MODULES, dict(include_qkv_bias=True, embedding_size=None),
                     DREAM_UNSUPPORTED, may_tie_head=True, predicts_shifted=True, rope_in_float32=False,
@@ -1131,7 +1131,7 @@ def load_weights(folder, adapter=None, dtype=None, device=None, merge=False):
 
 # =============================================================================
 # Machinery shared by the command lines (gift.py, eval.py, sample.py), not needed to understand the model: here, in
-# the file every other one imports, so that no file imports the trainer to get them.
+# the file every other one imports.
 
 
 def setup_distributed():

@@ -287,6 +287,18 @@ def candidates(logits, x, eligible, temperature, remasking, generator):
     return x.masked_scatter(eligible, x0), confidence.masked_scatter(eligible, x0_p)
 
 
+def check_arguments(where, renamed=(), **values):
+    """A library call's sampler arguments, checked as SamplerOptions checks every option: a ValueError naming the call
+    `where` and its own argument names (renamed: (SamplerOptions field, the call's name) pairs)."""
+    try:
+        return SamplerOptions(**values)
+    except ValueError as e:
+        message = str(e)
+        for ours, theirs in renamed:
+            message = message.replace(f"{ours}=", f"{theirs}=")
+        raise ValueError(f"{where}: {message}") from None
+
+
 def check_tensors(prompt, attention_mask, generator, where):
     """A sampler's tensors, before any forward pass (its options are SamplerOptions' check): a prompt of token ids
     (B, P), an attention mask of its shape, one generator or one per row."""
@@ -338,8 +350,8 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
         draws each row's noise from its own (a row's tokens then do not depend on its batch).
     """
     mask_id = getattr(model, "module", model).config.mask_token_id if mask_id is None else mask_id
-    SamplerOptions(gen_length=gen_length, steps=steps, block_length=block_length, temperature=temperature,
-                   cfg_scale=cfg_scale, remasking=remasking)  # the arguments' check
+    check_arguments("sample.py generate", gen_length=gen_length, steps=steps, block_length=block_length,
+                    temperature=temperature, cfg_scale=cfg_scale, remasking=remasking)
     check_tensors(prompt, attention_mask, generator, "sample.py generate")
     x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
     prompt_index = x != mask_id  # what CFG masks: every non-mask token at the start, left pads included
@@ -622,8 +634,8 @@ def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, s
     if not raw.predicts_shifted:
         raise ValueError(f"{where}: the model is not Dream (config model_type {raw.config.model_type!r}), whose "
                          f"logits at i - 1 predict token i; LLaDA's sampler is generate()")
-    SamplerOptions(sampler="dream", gen_length=max_new_tokens, steps=steps, eps=eps, alg=alg, alg_temp=alg_temp,
-                   temperature=temperature, top_p=top_p, top_k=top_k)  # the arguments' check
+    check_arguments(where, [("gen_length", "max_new_tokens")], sampler="dream", gen_length=max_new_tokens, steps=steps,
+                    eps=eps, alg=alg, alg_temp=alg_temp, temperature=temperature, top_p=top_p, top_k=top_k)
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"{where}: generator must be one torch.Generator or None, got {type(generator).__name__}: "
                          f"the official draws span the whole batch (one uniform per mask), not one row each")
@@ -723,9 +735,10 @@ def check_sampler_options(o, source=None):
         raise ValueError(f"{said('block_length')} is longer than {said('gen_length')}")
     n_blocks = o.gen_length // o.block_length
     if o.gen_length % o.block_length or o.steps % n_blocks:
+        hint = (f"steps {n_blocks * max(1, o.steps // n_blocks)}" if o.gen_length % o.block_length == 0 else
+                f"block length {o.gen_length} (one block)")
         raise ValueError(f"{said('gen_length')} must be a multiple of {said('block_length')}, and {said('steps')} a "
-                         f"multiple of the number of blocks {n_blocks}; e.g. steps "
-                         f"{n_blocks * max(1, o.steps // n_blocks)}")
+                         f"multiple of the number of blocks {n_blocks}; e.g. {hint}")
 
 
 def check_step_count(o, given=True, source=None):

@@ -59,7 +59,7 @@ def folders(tmp_path_factory):
 def exact_elbo(model, context, continuation):
     """The ELBO of the continuation, by enumeration: the mean over l in 1..L, and over the C(L, l) sets M of l
     positions, of (L / l) sum_{i in M} log p(y_i | context, y with M masked); the full logits, Dream's shifted by
-    sample.shift_right (not elbo_draws' own indexing)."""
+    model.shift_right (not elbo_draws' own indexing)."""
     P, L = len(context), len(continuation)
     total = 0.0
     for l in range(1, L + 1):
