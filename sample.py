@@ -128,7 +128,9 @@ class SamplerOptions:
     top_p: float = field(default=None, metadata={"help": "--sampler dream: nucleus filter of the logits (unset: off)"})
     top_k: int = field(default=None, metadata={"help": "--sampler dream: keep the k largest logits (unset: off)"})
 
-    source: InitVar[str | None] = None  # who gave the values, named by a refusal: None a library call, "flags"
+    # who gave the values, as a refusal names them (check_sampler_options): None a library call, "flags" a command
+    # line, else a file's path; not a field (no flag, not in asdict), so dataclasses.replace needs it given again
+    source: InitVar[str | None] = None
 
     def __post_init__(self, source):
         check_sampler_options(self, source)  # every option checked here, whoever builds the options
