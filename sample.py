@@ -679,15 +679,19 @@ def add_sampler_flags(parser):
     add_dataclass_flags(parser, SamplerOptions)
 
 
-def options_from_flags(args, defaults=None):
-    """The SamplerOptions the parsed flags give; a field no flag gives comes from `defaults` (the model folder's
-    generation_defaults.json: its keys that name a field), else keeps its default; --cache none is None."""
-    names, defaults = [f.name for f in fields(SamplerOptions)], defaults or {}
-    given = {n: defaults[n] for n in names if defaults.get(n) is not None}
-    given |= {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+def options_of(values, source):
+    """The SamplerOptions of `values` ({name: value}, flags or a file's fields: the keys that name a field and are
+    not None; "cache": "none" is None), checked with `source` named (SamplerOptions.source)."""
+    given = {f.name: values[f.name] for f in fields(SamplerOptions) if values.get(f.name) is not None}
     if given.get("cache") == "none":
         given["cache"] = None
-    return SamplerOptions(**given, source="flags")
+    return SamplerOptions(**given, source=source)
+
+
+def options_from_flags(args, defaults=None):
+    """The SamplerOptions the parsed flags give; a field no flag gives comes from `defaults` (the model folder's
+    generation_defaults.json), else keeps its default."""
+    return options_of((defaults or {}) | {k: v for k, v in vars(args).items() if v is not None}, "flags")
 
 
 def check_sampler_options(o, source=None):
@@ -754,10 +758,10 @@ def check_step_count(o, given=True, source=None):
                          f"{o.gen_length}")
 
 
-def check_lengths(o, folder=None):
+def check_lengths(o, folder):
     """--gen-length against the model folder's context (config.json), before the weights load: a ValueError in one
     line (the lengths against each other are SamplerOptions' own check)."""
-    context = LLaDAConfig.from_json(Path(folder) / "config.json").max_sequence_length if folder else math.inf
+    context = LLaDAConfig.from_json(Path(folder) / "config.json").max_sequence_length
     if o.gen_length >= context:
         raise ValueError(f"--gen-length {o.gen_length} leaves no room for a prompt in the model's "
                          f"max_sequence_length {context} ({Path(folder) / 'config.json'})")
@@ -797,10 +801,7 @@ def folder_defaults(folder):
     for name in FOLDER_TEXT_FIELDS:
         if defaults.get(name) is not None and not isinstance(defaults[name], str):
             raise ValueError(f"{path}: field {name!r} = {json.dumps(defaults[name])}: expected a string")
-    given = {f.name: defaults[f.name] for f in fields(SamplerOptions) if defaults.get(f.name) is not None}
-    if given.get("cache") == "none":
-        given["cache"] = None
-    check_step_count(SamplerOptions(**given, source=path), source=path)  # SamplerOptions checks the rest
+    check_step_count(options_of(defaults, path), source=path)  # SamplerOptions checks the rest
     return defaults
 
 
