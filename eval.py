@@ -41,11 +41,12 @@ import torch.distributed as dist
 
 from data import (BOS, BadRow, chat_format, chat_prompt, check_chat_tokens, check_mask_token, data_text, encode,
                   encode_text, json_row, load_tokenizer, mask_in_text, read_data_file, unencodable_characters)
-from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, compute_dtype, end_distributed,
-                   find_model, folder_fingerprint, generation_defaults, load_weights, lock_file, run_command_line,
-                   setup_distributed)
-from sample import (SamplerOptions, add_sampler_flags, check_adapter, check_sampler_choice, check_step_count,
-                    decode_until_stop, folder_defaults, generate, generate_with_options, options_from_flags)
+from longjob import (append_records, check_adapter, check_summary, compute_dtype, end_distributed, find_model,
+                     folder_fingerprint, load_weights, open_output, rank_and_world, read_records, run_command_line,
+                     setup_distributed)
+from model import GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, generation_defaults
+from sample import (SamplerOptions, add_sampler_flags, check_sampler_choice, check_step_count, decode_until_stop,
+                    folder_defaults, generate, generate_with_options, options_from_flags)
 
 try:  # lm-evaluation-harness, optional: GiftLM (its model "gift") and eval.py --harness need it
     import lm_eval.models  # noqa: F401  the harness's own models, registered first (lazily), stay available
@@ -565,11 +566,6 @@ def accuracy(task, records):
 # Generation and grading, one process or torchrun
 
 
-def rank_and_world():
-    """(rank, world size) of this process; (0, 1) without torch.distributed."""
-    return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
-
-
 def item_generator(seed, index, device):
     """Item `index`'s own generator under `seed`: a resumed or re-batched run draws the same noise for it."""
     return torch.Generator(device).manual_seed(seed * 1_000_003 + index)
@@ -722,87 +718,6 @@ def evaluate_embedded(heldout, checkpoint, seed, device):
 # The command line: streaming, resumable results
 
 
-FINGERPRINTS = ("model_fingerprint", "adapter_fingerprint")  # of the weights the records were generated with
-
-
-def read_records(path, settings):
-    """Rank 0: the records an earlier run of this command left in `path` (JSON lines), {(seed, index): record}, after a
-    check that they were made with `settings` and, where both have them, the same weights (FINGERPRINTS: the same path
-    retrained gives other generations); it says how many. A torn last line (a kill in mid-write) is cut off the file."""
-    if path is None:
-        print("no --out: the generations are not saved, and an interrupted run cannot continue", flush=True)
-        return {}
-    if not path.exists():
-        return {}
-    records = {}
-    with open(path, "rb") as f:
-        lines = f.readlines()
-    for n, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            if n == len(lines):  # torn by a kill: cut off, the batch is generated again
-                os.truncate(path, sum(map(len, lines[:-1])))
-                break
-            raise ValueError(f"{path}, line {n}: not a JSON record; move the file away to start over")
-        if not (isinstance(record, dict) and isinstance(record.get("settings"), dict)
-                and {"seed", "index"} <= record.keys()):
-            raise ValueError(f"{path}, line {n}: not an eval.py records file (a record has seed, index and "
-                             "settings); --out names the summary .json, and its .jsonl beside it must be eval.py's: "
-                             "use another --out")
-        old = record["settings"]
-        for k in FINGERPRINTS:
-            if k in old and k in settings and old[k] != settings[k]:
-                what = "model" if k == "model_fingerprint" else "adapter"
-                raise SystemExit(f"eval.py: {path} holds generations of another {what}: fingerprint {old[k]} in the "
-                                 f"file, {settings.get(k)} now ({settings[what]}: replaced or retrained since); use "
-                                 "another --out, or delete the file to start over")
-        changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v and k not in FINGERPRINTS}
-        if changed:
-            what = ", ".join(f"{k} {old!r} in the file, {new!r} now" for k, (old, new) in changed.items())
-            raise SystemExit(f"eval.py: {path} holds generations made with other settings ({what}); use another "
-                             "--out, or delete the file to start over")
-        records[record["seed"], record["index"]] = record
-    if records:
-        print(f"{path}: {len(records)} graded items found; generating the rest", flush=True)
-    return records
-
-
-SUMMARY_FIELDS = ("task", "accuracy_mean", "n_items", "runs")  # what report() writes besides the settings
-
-
-def check_summary(out, settings=None):
-    """A ValueError naming the file unless an existing --out is an eval.py summary (report()) and, once the settings
-    are known, of these settings: anything else (a user's file, gift.py's results.json) would be replaced."""
-    if not out.exists():
-        return
-    try:
-        summary = json.loads(out.read_bytes())
-    except (OSError, ValueError):
-        summary = None
-    if not (isinstance(summary, dict) and set(SUMMARY_FIELDS) <= summary.keys()):
-        raise ValueError(f"--out {out}: the file exists and is not an eval.py summary; it would be replaced: name "
-                         "another --out, or move the file away")
-    changed = [k for k, v in (settings or {}).items()
-               if (k in summary and summary[k] != v) or (k not in summary and k not in FINGERPRINTS)]
-    if changed:
-        raise ValueError(f"--out {out}: the file is the summary of another evaluation ({', '.join(changed)} differ); "
-                         "name another --out, or move the file away")
-
-
-def append_records(path, records, settings):
-    """One JSON line per graded item (with the settings), flushed to disk before the next batch starts."""
-    try:
-        with open(path, "a") as f:
-            for r in records:
-                f.write(json.dumps(dict(r, settings=settings)) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-    except OSError as e:
-        raise OSError(e.errno, f"eval.py: cannot write {path} ({e.strerror}); the items before this batch are "
-                               "saved, rerun the same command to continue") from e
-
-
 def make_parser():
     """eval.py's flags: the model, the benchmark, the sampler's (sample.add_sampler_flags), the output."""
     p = argparse.ArgumentParser(description="Evaluate a LLaDA or Dream checkpoint with the d1 / wd1 protocol "
@@ -903,36 +818,6 @@ def warn_seed_free(args, rank):
         print(f"eval.py: warning: --seeds {' '.join(map(str, args.seeds))}: greedy decoding with {args.shots} shots "
               "draws nothing from the seed, so every seed repeats the same evaluation and the std over them is 0 by "
               "construction; sample with --temperature > 0, or use --shots, for a spread", flush=True)
-
-
-def open_output(p, args):
-    """--out checked before the model loads, and the records file beside it (.jsonl) created; rank 0 locks it (one
-    eval per output file, as gift.py's one run per folder). Returns (summary, records, lock); Nones without --out."""
-    if not args.out:
-        return None, None, None
-    out = Path(args.out)
-    if out.is_dir() or out.suffix == ".jsonl":
-        p.error(f"--out {args.out}: name the summary .json file (the records go beside it, in a .jsonl)")
-    records_path = out.with_suffix(".jsonl")
-    inputs = {os.path.realpath(f): flag for flag, f in (("--data", args.data), ("--shot-data", args.shot_data)) if f}
-    for path in (out, records_path):
-        if os.path.realpath(path) in inputs:
-            p.error(f"--out {args.out}: it would write {path}, which is the {inputs[os.path.realpath(path)]} file; "
-                    "name another summary file")
-    try:
-        check_summary(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        open(records_path, "a").close()
-    except ValueError as e:
-        p.error(str(e))
-    except OSError as e:
-        p.error(f"--out {args.out}: cannot write {records_path} ({e.strerror})")
-    lock = None
-    if int(os.environ.get("RANK", "0")) == 0:  # before the process group starts: no rank waits on a refused run
-        lock, holder = lock_file(records_path.with_suffix(".lock"))
-        if lock is None:
-            p.error(f"--out {args.out}: another eval.py is writing {records_path}; wait for it, or use another --out")
-    return out, records_path, lock
 
 
 def load_data(p, args):

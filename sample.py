@@ -41,8 +41,9 @@ import torch.nn.functional as F
 
 from data import chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text, load_tokenizer
 from gift import uniforms  # the one draw rule, training's (gift.py Part I) and the samplers'
-from model import (GENERATION_DEFAULTS, LLaDAConfig, add_dataclass_flags, compute_dtype, find_model, folder_fingerprint,
-                   generation_defaults, load_weights, loading, read_adapter_config, run_command_line, shift_right)
+from longjob import (add_dataclass_flags, check_adapter, compute_dtype, find_model, load_weights, loading,
+                     run_command_line)
+from model import GENERATION_DEFAULTS, LLaDAConfig, generation_defaults, shift_right
 
 
 REMASKING = ("low_confidence", "random")  # the official strategies
@@ -803,34 +804,6 @@ def folder_defaults(folder):
             raise ValueError(f"{path}: field {name!r} = {json.dumps(defaults[name])}: expected a string")
     check_step_count(options_of(defaults, path), source=path)  # SamplerOptions checks the rest
     return defaults
-
-
-def check_adapter(folder, adapter):
-    """--adapter against the model folder, before either loads: a ValueError in one line for a gift.py checkpoint's
-    merged export given with its own adapter (it holds it already: it would be added twice), and for a gift.py
-    checkpoint's adapter on a base whose fingerprint (model.folder_fingerprint) is not the one its trainer.json
-    recorded at training time (another model, or the same path retrained)."""
-    if not adapter:
-        return
-    read_adapter_config(adapter)  # its fields, and a model folder given as --adapter, before any weight loads
-    model_dir, adapter_dir = Path(folder).resolve(), Path(adapter).resolve()
-    checkpoint = adapter_dir.parent  # a gift.py checkpoint: step-N/{adapter, merged, trainer.json}
-    if model_dir.name == "merged" and model_dir.parent == checkpoint:
-        raise ValueError(f"--adapter {adapter}: the model {folder} is the merged export of the same checkpoint, the "
-                         "base with this adapter already folded in, so it would be applied twice; drop --adapter, or "
-                         "give the base model with it")
-    try:
-        meta = json.loads((checkpoint / "trainer.json").read_text())
-        base, then = meta["options"]["model"], meta["fingerprints"]["model"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # not a gift.py checkpoint's adapter: nothing recorded to compare with
-    if not base:
-        return  # the embedded task's base exists only in memory (its fingerprint is of its tensors)
-    now = folder_fingerprint(folder)
-    if now != then:
-        raise ValueError(f"--adapter {adapter}: trained on a base model with fingerprint {then} "
-                         f"({checkpoint / 'trainer.json'}), but {folder} has fingerprint {now}: another model "
-                         "(replaced, or retrained into the same path); give the base it was trained on")
 
 
 # -----------------------------------------------------------------------------

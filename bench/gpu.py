@@ -67,8 +67,9 @@ import memory_plan  # noqa: E402
 import sampler  # noqa: E402
 import train_step  # noqa: E402
 from gift import (COUNTS, DEFAULT_NORM, MicroBatch, answer_entropy_and_nll, diffusion_loss,  # noqa: E402
-                  entropy_betas, mask_answer, objective_batch, predicting_hidden, setup_distributed, step_counts,
+                  entropy_betas, mask_answer, objective_batch, predicting_hidden, step_counts,
                   train_step as gift_train_step, wrap_model)
+from longjob import setup_distributed  # noqa: E402
 from model import LLaDA, LLaDAConfig  # noqa: E402
 from sample import SamplerOptions, generate, generate_cached  # noqa: E402
 

@@ -46,7 +46,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
-from gift import MicroBatch, first_pass_betas, initial_model_betas, train_step, unwrap, wrap_model  # noqa: E402
+from gift import MicroBatch, first_pass_betas, initial_model_betas, train_step, wrap_model  # noqa: E402
+from longjob import unwrap  # noqa: E402
 from model import LLaDA, LLaDAConfig, LoRALinear  # noqa: E402
 
 # gift-reuse: a gift step whose betas come from the BetaCache (--beta-refresh-epochs K: K - 1 of every K epochs):

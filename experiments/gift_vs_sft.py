@@ -66,6 +66,7 @@ sys.path.insert(0, str(REPO))  # the repo's top-level files are plain modules
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # and so are the tasks beside this file
 import countdown  # noqa: E402
 import gift  # noqa: E402
+import longjob  # noqa: E402
 import sudoku  # noqa: E402
 from data import load_tokenizer, tiny_config_for  # noqa: E402
 from model import LLaDA  # noqa: E402
@@ -182,7 +183,7 @@ def parse_plan(argv=None):
     """Flags generated from Plan (as gift.parse_options does for TrainOptions); the task's defaults, then --smoke's
     sizes, for the flags not given."""
     parser = argparse.ArgumentParser(description="GIFT vs SFT on 4x4 Sudoku or toy Countdown (experiments/README.md)")
-    given = gift.parse_dataclass_flags(parser, Plan, argv)
+    given = longjob.parse_dataclass_flags(parser, Plan, argv)
     plan = Plan(**given)
     task = TASKS[plan.task]
     defaults = dict(task.DEFAULTS, **(SMOKE if plan.smoke else {}))
@@ -428,12 +429,12 @@ def read_metrics(out):
 
 
 def run_gift_train(argv, out):
-    """gift.train in its claimed output folder (gift.run_folder), with its log in <out>/train.log (workers run side
+    """gift.train in its claimed output folder (longjob.run_folder), with its log in <out>/train.log (workers run side
     by side). Returns (the trained model, its tokenizer, the last checkpoint's folder)."""
     opts = gift.parse_options(argv)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "train.log", "w") as log, contextlib.redirect_stdout(log):
-        with gift.run_folder(Path(opts.out), opts.resume, opts.overwrite) as preemption:
+        with longjob.run_folder(Path(opts.out), opts.resume, opts.overwrite) as preemption:
             model, inputs, final = gift.train(opts, preemption)
     return model, inputs.tokenizer, final
 

@@ -45,6 +45,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repo's top-level files are plain modules
 import gift  # noqa: E402
+import longjob  # noqa: E402
 from data import CHAR_VOCAB, chat_format, chat_prompt, encode, make_char_tokenizer, tiny_config_for  # noqa: E402
 from model import LLaDA  # noqa: E402
 from sample import SamplerOptions, decode_until_stop, generate_with_options  # noqa: E402
@@ -221,7 +222,7 @@ def main(argv=None):
     for k, (task, keep, flags) in enumerate(stages, start=1):
         argv = train_argv(model_dir, out / f"{task}.jsonl", out / f"stage{k}", flags, a.smoke)
         print("python gift.py " + " ".join(argv), flush=True)
-        with gift.run_folder(out / f"stage{k}", False, True) as preemption:
+        with longjob.run_folder(out / f"stage{k}", False, True) as preemption:
             model, inputs, _ = gift.train(gift.parse_options(argv), preemption)
         model_dir = out / f"stage{k}" / "checkpoints" / f"step-{(4 if a.smoke else keep):07d}" / "model"
     train_s = time.time() - t0

@@ -16,6 +16,7 @@ from test_sample_eval_refusals import model_folder, sample_argv
 
 import data
 import eval as E
+import longjob
 import gift
 import model as model_py
 import sample
@@ -159,7 +160,7 @@ def test_ctrl_c_in_sample_is_one_line_and_status_130(tmp_path, capsys, monkeypat
     def press(*_, **__):
         raise KeyboardInterrupt
     monkeypatch.setattr(sample, "generate_with_options", press)
-    code = interrupted(lambda: model_py.run_command_line(lambda: sample.main(sample_argv(folder)), "sample.py"))
+    code = interrupted(lambda: longjob.run_command_line(lambda: sample.main(sample_argv(folder)), "sample.py"))
     err = capsys.readouterr().err
     assert code == 130 and len(err.strip().splitlines()) == 1 and "sample.py" in err and "Traceback" not in err
 
@@ -174,7 +175,7 @@ def test_ctrl_c_in_eval_keeps_the_records_and_is_one_line(tmp_path, capsys, monk
             raise KeyboardInterrupt
         return real(*args, **kw)
     monkeypatch.setattr(E, "generate_with_options", second_press)
-    code = interrupted(lambda: model_py.run_command_line(lambda: E.main(argv), "eval.py"))
+    code = interrupted(lambda: longjob.run_command_line(lambda: E.main(argv), "eval.py"))
     err = capsys.readouterr().err
     assert code == 130 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert str(tmp_path / "r.jsonl") in err  # where the graded items are, to continue from
@@ -203,7 +204,7 @@ def test_a_full_disk_names_the_file_being_written(tmp_path, monkeypatch):
     record = dict(step=1, total_steps=2, epoch=0, loss=1.0, lr=1e-3, grad_norm=1.0, masked_fraction=0.5,
                   skipped_steps=0, tokens_per_s=1.0, elapsed_s=1.0, eta_s=1.0)
     with pytest.raises(OSError, match=f"{tmp_path / 'metrics.jsonl'}: No space left"):
-        gift.log(FullFile(), record)
+        longjob.log(FullFile(), record)
 
 
 # -----------------------------------------------------------------------------
@@ -280,4 +281,4 @@ def test_a_checkpoint_saved_again_at_its_step_keeps_a_users_files(base, tmp_path
 
 def test_the_weight_hash_cache_is_in_a_tmp_folder():
     home = Path.home() / ".cache"
-    assert home not in model_py.WEIGHT_HASH_CACHE.parents and os.environ.get("GIFT_CACHE_DIR")
+    assert home not in longjob.WEIGHT_HASH_CACHE.parents and os.environ.get("GIFT_CACHE_DIR")

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import eval as E
+import longjob
 import sample
 from conftest import DATA
 from sample import SamplerOptions
@@ -751,7 +752,7 @@ def test_out_is_checked_before_the_model_loads(tmp_path, capsys):
 
 def test_a_full_disk_names_the_file():
     with pytest.raises(OSError, match="cannot write /dev/full"):
-        E.append_records(__import__("pathlib").Path("/dev/full"), [dict(index=0)], {})
+        longjob.append_records(__import__("pathlib").Path("/dev/full"), [dict(index=0)], {})
 
 
 def test_a_prompt_longer_than_the_context_is_refused(tmp_path, one_thread):

@@ -15,6 +15,7 @@ from test_eval import record_lines, sudoku_checkpoint
 from test_resume import stop_after
 
 import eval as E
+import longjob
 import gift
 import sample
 from gift import main, parse_options
@@ -178,8 +179,8 @@ def test_a_shard_overwritten_with_garbage_falls_back_to_the_checkpoint_before(ba
 
 def test_a_kill_during_rotation_leaves_nothing_behind(base, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    real_rmtree = gift.shutil.rmtree
-    monkeypatch.setattr(gift.shutil, "rmtree", lambda p, **k: None if "step-0000001" in str(p) else real_rmtree(p, **k))
+    real_rmtree = longjob.shutil.rmtree
+    monkeypatch.setattr(longjob.shutil, "rmtree", lambda p, **k: None if "step-0000001" in str(p) else real_rmtree(p, **k))
     main(train_args(base, out, "--save-every", "1", "--max-steps", "3"))  # "killed" while deleting step 1
     monkeypatch.undo()
     main(train_args(base, out, "--save-every", "1", "--max-steps", "4", "--resume"))
@@ -234,7 +235,7 @@ def test_one_changed_answer_of_the_same_length_is_refused_at_resume(base, tmp_pa
 
 
 def test_a_run_where_every_step_was_skipped_is_not_done(base, tmp_path):
-    with pytest.raises(gift.RunError, match="every step \\(2\\) had a non-finite loss"):
+    with pytest.raises(longjob.RunError, match="every step \\(2\\) had a non-finite loss"):
         main(train_args(base, tmp_path / "run", "--lora", "--lora-alpha", "1e30", "--max-steps", "2"))
 
 

@@ -16,6 +16,7 @@ import torch
 from conftest import REPO, ROWS, final_weights, latest, metrics, train_args, write_rows
 
 import gift
+import longjob
 from data import load_dataset, load_tokenizer
 from gift import collate, epoch_order, first_pass_betas, main, rank_micro_batches, step_batches
 from on_model import model_betas, model_loss, model_objective
@@ -213,13 +214,13 @@ def test_a_second_run_into_a_folder_is_refused_and_changes_nothing(base, tmp_pat
 
 def test_one_run_per_folder_and_a_dead_holder_does_not_block(base, tmp_path):
     out = tmp_path / "run"
-    lock = gift.lock_folder(out)  # another run holds the folder
+    lock = longjob.lock_folder(out)  # another run holds the folder
     with pytest.raises(RuntimeError, match=f"in use by a running job \\(pid {os.getpid()}"):
         main(train_args(base, out, "--max-steps", "1"))
     lock.close()
     # a holder killed with -9 leaves the lock file, but not the lock
     holder = subprocess.Popen([sys.executable, "-c", f"import sys, time; sys.path.insert(0, {str(REPO)!r}); "
-                               f"import gift, pathlib; lock = gift.lock_folder(pathlib.Path({str(out)!r})); "
+                               f"import longjob, pathlib; lock = longjob.lock_folder(pathlib.Path({str(out)!r})); "
                                "print('locked', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "locked"
     with pytest.raises(RuntimeError, match=f"pid {holder.pid}"):
@@ -363,12 +364,12 @@ def test_gift_star_cache_is_the_initial_models_and_keyed_by_fingerprints(base, t
 
 
 def test_metrics_are_strict_json_and_pool_betas_over_micro_batches():
-    state = gift.TrainState(step=4, elapsed_s=2.0, tokens_seen=100)
+    state = longjob.TrainState(step=4, elapsed_s=2.0, tokens_seen=100)
     window = [dict(loss=1.0, grad_norm=2.0, n_rows=4, n_masked=3, n_answer=10, n_tokens=50, beta_n=10,
                    beta_sum=5.0, beta_sq_sum=4.0),
               dict(loss=float("nan"), grad_norm=4.0, n_rows=4, n_masked=5, n_answer=30, n_tokens=50, beta_n=30,
                    beta_sum=30.0, beta_sq_sum=40.0)]
-    record = gift.log_record(window, state, epoch=1, total_steps=9, lr=1e-3, eta_s=5.0)
+    record = longjob.log_record(window, state, epoch=1, total_steps=9, lr=1e-3, eta_s=5.0)
     assert record["loss"] is None  # NaN is not JSON
     assert record["grad_norm"] == 3.0 and record["masked_fraction"] == 8 / 40
     assert record["beta_mean"] == pytest.approx(35 / 40)  # pooled over all 40 answer tokens, not averaged per batch

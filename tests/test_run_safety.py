@@ -20,6 +20,7 @@ import torch
 from conftest import REPO, latest, metrics, train_args
 
 import gift
+import longjob
 from gift import main
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -105,7 +106,7 @@ def test_a_planted_pickle_in_a_checkpoint_runs_no_code(base, tmp_path, capsys):
     assert [r["step"] for r in metrics(out)] == [1, 2, 3]
     for ckpt in (out / "checkpoints").iterdir():  # every checkpoint planted: refused in one line
         (ckpt / "train_state" / ".metadata").write_bytes(pickle.dumps(Planted(marker)))
-    with pytest.raises(gift.RunError, match="no usable checkpoint.*unreadable"):
+    with pytest.raises(longjob.RunError, match="no usable checkpoint.*unreadable"):
         main(train_args(base, out, "--max-steps", "4", "--resume"))
     assert not marker.exists()
 
@@ -117,7 +118,7 @@ def test_the_optimizer_settings_in_a_shard_are_read_without_running_code(tmp_pat
     torch.save(Planted(marker), planted)
     planted.seek(0)
     with pytest.raises(pickle.UnpicklingError):
-        gift.CheckpointLoadPlanner().load_bytes(None, planted)
+        longjob.CheckpointLoadPlanner().load_bytes(None, planted)
     assert not marker.exists()
 
 
@@ -313,8 +314,8 @@ def test_a_read_only_old_checkpoint_is_kept_whole_and_said_once(base, tmp_path, 
                             (os.rmdir if name in dirs else os.unlink)(os.path.join(folder, name))
             with contextlib.suppress(OSError):
                 os.rmdir(path)
-        monkeypatch.setattr(gift.os, "access", access)
-        monkeypatch.setattr(gift.shutil, "rmtree", rmtree)
+        monkeypatch.setattr(longjob.os, "access", access)
+        monkeypatch.setattr(longjob.shutil, "rmtree", rmtree)
     capsys.readouterr()
     try:
         main(train_args(base, out, "--max-steps", "3", "--save-every", "1", "--keep-last", "1", "--resume"))
@@ -324,7 +325,7 @@ def test_a_read_only_old_checkpoint_is_kept_whole_and_said_once(base, tmp_path, 
     said = capsys.readouterr().err
     assert said.count("cannot delete the old checkpoint") == 1 and "step-0000001" in said
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000001", "step-0000003"]
-    assert gift.checkpoint_problem(old) is None  # whole
+    assert longjob.checkpoint_problem(old) is None  # whole
 
 
 # -----------------------------------------------------------------------------

@@ -17,9 +17,11 @@ from test_sample import MASK, no_mask_model, random_prompts, tiny_model
 
 import data
 import eval as E
+import longjob  # noqa: E402
 import sample
 from gift import main as train
-from model import LLaDA, add_lora, folder_fingerprint, lora_layers, save_adapter
+from model import LLaDA, add_lora, lora_layers, save_adapter
+from longjob import folder_fingerprint
 from sample import SamplerOptions, generate, generate_cached
 
 
@@ -345,7 +347,7 @@ def test_a_checkpoint_rotated_away_while_loading_is_said(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="step-0000002/model was removed while it loaded"):
         sample.load_model(args)
     with pytest.raises(FileNotFoundError, match="was removed while it loaded"):  # eval.py's call
-        E.load_weights(args.folder, None, torch.float32, "cpu", merge=True)
+        longjob.load_weights(args.folder, None, torch.float32, "cpu", merge=True)
 
 
 # -----------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import pytest
 from conftest import metrics, train_args
 
 import gift
+import longjob
 
 
 class StandIn:
@@ -33,7 +34,7 @@ def test_records_go_to_one_wandb_run_that_resume_continues(base, tmp_path, monke
     out = tmp_path / "run"
     gift.main(train_args(base, out, "--wandb-project", "gift-test", "--max-steps", "2"))
     (init,) = stand_in.inits
-    run_id = (out / gift.WANDB_ID).read_text().strip()
+    run_id = (out / longjob.WANDB_ID).read_text().strip()
     assert init["project"] == "gift-test" and init["id"] == run_id and init["resume"] == "allow"
     assert init["dir"] == str(out) and init["config"]["wandb_project"] == "gift-test"
     records = metrics(out)
@@ -49,15 +50,15 @@ def test_records_go_to_one_wandb_run_that_resume_continues(base, tmp_path, monke
 def test_a_run_without_the_flag_imports_no_tracker(base, tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "wandb", raising=False)
     gift.main(train_args(base, tmp_path / "run", "--max-steps", "1"))
-    assert "wandb" not in sys.modules and not (tmp_path / "run" / gift.WANDB_ID).exists()
+    assert "wandb" not in sys.modules and not (tmp_path / "run" / longjob.WANDB_ID).exists()
 
 
 def test_overwrite_deletes_the_tracker_id_with_the_run(base, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", StandIn().module())
     out = tmp_path / "run"
     gift.main(train_args(base, out, "--wandb-project", "p", "--max-steps", "1"))
-    first = (out / gift.WANDB_ID).read_text()
+    first = (out / longjob.WANDB_ID).read_text()
     with pytest.raises(FileExistsError, match="already holds a run"):
         gift.main(train_args(base, out, "--max-steps", "1"))
     gift.main(train_args(base, out, "--wandb-project", "p", "--max-steps", "1", "--overwrite"))
-    assert (out / gift.WANDB_ID).read_text() != first  # a new run, a new W&B run
+    assert (out / longjob.WANDB_ID).read_text() != first  # a new run, a new W&B run

@@ -13,6 +13,7 @@ from conftest import REPO, latest, metrics, train_args
 from safetensors.torch import load_file
 
 import gift
+import longjob
 from data import load_tokenizer
 from gift import main, parse_options
 from model import LLaDA, load_adapter
@@ -134,14 +135,14 @@ def test_interrupted_checkpoint_leaves_the_last_good_one(base, tmp_path, monkeyp
     out = tmp_path / "run"
     main(args(base, out, "--lora", "--save-every", "1", "--max-steps", "1"))
     good = latest(out)
-    real_save = gift.save_adapter
+    real_save = longjob.save_adapter
 
     def crash(model, path, **kw):  # write part of the adapter, then die
         real_save(model, path, **kw)
         (path / "adapter_model.safetensors").write_bytes(b"truncated")
         raise KeyboardInterrupt("killed mid-write")
 
-    monkeypatch.setattr(gift, "save_adapter", crash)
+    monkeypatch.setattr(longjob, "save_adapter", crash)
     with pytest.raises(KeyboardInterrupt):
         main(args(base, out, "--lora", "--save-every", "1", "--max-steps", "2", "--resume"))
     assert latest(out) == good

@@ -15,6 +15,7 @@ from test_eval import sudoku_checkpoint
 
 import data
 import eval as E
+import longjob
 import gift
 import model as model_py
 import sample
@@ -112,12 +113,12 @@ def test_the_embedded_runs_own_files_are_recognized(tmp_path):
     (out / "status.json").write_text(json.dumps({"state": "failed"}))
     (out / "results.json").write_text(json.dumps({"heldout": {}, "train_seconds": 1, "options": {}}))
     (out / "generation_defaults.json").write_text(json.dumps(data.EMBEDDED_EVAL))
-    gift.claim_output_folder(out, False, False, embedded=True).close()  # nothing refused
+    longjob.claim_output_folder(out, False, False, embedded=True).close()  # nothing refused
 
 
 def test_rotation_deletes_a_checkpoint_a_kill_left_behind(base, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    monkeypatch.setattr(gift, "delete_checkpoint", lambda folder: True)  # killed between each save and its rotation
+    monkeypatch.setattr(longjob, "delete_checkpoint", lambda folder: True)  # killed between each save and its rotation
     main(train_args(base, out, "--max-steps", "3", "--save-every", "1", "--keep-last", "1"))
     monkeypatch.undo()
     assert len(list((out / "checkpoints").iterdir())) == 3
@@ -145,14 +146,14 @@ def test_eval_refuses_data_from_a_pipe(tmp_path, capsys):
 
 
 def test_the_fingerprint_sees_one_changed_byte_anywhere(tmp_path, monkeypatch):
-    monkeypatch.setattr(model_py, "WEIGHT_HASH_CACHE", tmp_path / "cache.json")
-    monkeypatch.setattr(model_py, "_weight_hashes", {})
-    monkeypatch.setattr(model_py, "RACY_SECONDS", 0)  # cache even a file just written
+    monkeypatch.setattr(longjob, "WEIGHT_HASH_CACHE", tmp_path / "cache.json")
+    monkeypatch.setattr(longjob, "_weight_hashes", {})
+    monkeypatch.setattr(longjob, "RACY_SECONDS", 0)  # cache even a file just written
     sudoku_checkpoint(tmp_path, 1)
     weights = tmp_path / "ckpt" / "model.safetensors"
-    first = model_py.folder_fingerprint(tmp_path / "ckpt")
+    first = longjob.folder_fingerprint(tmp_path / "ckpt")
     assert json.loads((tmp_path / "cache.json").read_text())  # cached
-    assert model_py.folder_fingerprint(tmp_path / "ckpt") == first
+    assert longjob.folder_fingerprint(tmp_path / "ckpt") == first
     raw = bytearray(weights.read_bytes())
     st = weights.stat()
     middle = len(raw) - 12_345  # between the old sampler's 64 KiB samples for a file of this size, or not: any byte
@@ -160,7 +161,7 @@ def test_the_fingerprint_sees_one_changed_byte_anywhere(tmp_path, monkeypatch):
     time.sleep(0.01)
     weights.write_bytes(bytes(raw))
     os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same size and modification time
-    assert model_py.folder_fingerprint(tmp_path / "ckpt") != first
+    assert longjob.folder_fingerprint(tmp_path / "ckpt") != first
 
 
 def plain_vocab_chat_token(folder, token=data.EOT):
