@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
+from model import read_json
+
 # -----------------------------------------------------------------------------
 # Constants: the chat formats' special token strings (their ids always come from tokenizer.json / config.json)
 
@@ -123,21 +125,17 @@ def load_tokenizer(model_dir):
     return tokenizer
 
 
-def _read_json(path):
-    """A JSON file's content, or a one-line ValueError naming the file and where it breaks."""
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as bad:
-        where = f"line {bad.lineno}, column {bad.colno}: {bad.msg}" if isinstance(bad, json.JSONDecodeError) else bad
-        raise ValueError(f"{path}: not valid JSON ({where}). A truncated download leaves such a file: copy "
-                         f"{path.name} from the model's Hugging Face folder again") from None
+def read_json_file(path):
+    """A model folder's JSON file (model.read_json; its callers check its shape), its error saying how it breaks."""
+    return read_json(path, f". A truncated download leaves such a file: copy {path.name} from the model's Hugging "
+                           "Face folder again", object_only=False)
 
 
 def _tokenizer_json(path):
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # tokenizers raises a bare Exception; say whether the JSON or its content is wrong
-        _read_json(path)
+        read_json_file(path)
         raise ValueError(f"{path}: valid JSON, but not a tokenizer the `tokenizers` library reads ({e}); it must be "
                          "a Hugging Face tokenizer.json (not tokenizer_config.json or a sentencepiece model)") from None
 
@@ -180,7 +178,7 @@ def qwen2_tokenizer(folder):
     added_tokens_decoder (or else the older added_tokens.json) in id order, each special also when a special-token
     field names it, then the named special tokens not among them."""
     folder = Path(folder)
-    vocab = _read_json(folder / "vocab.json")
+    vocab = read_json_file(folder / "vocab.json")
     if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
         raise ValueError(f"{folder / 'vocab.json'}: not a BPE vocabulary (an object of token: id)")
     tokenizer = Tokenizer(models.BPE(vocab, _bpe_merges(folder / "merges.txt", vocab), dropout=None, unk_token=None,
@@ -194,7 +192,7 @@ def qwen2_tokenizer(folder):
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     # the special tokens that the config's fields name, Qwen2's defaults for the fields it leaves out
     config_path = folder / "tokenizer_config.json"
-    config = _read_json(config_path) if config_path.is_file() else {}
+    config = read_json_file(config_path) if config_path.is_file() else {}
     named = [config.get(k, QWEN2_SPECIAL_DEFAULTS.get(k)) for k in SPECIAL_TOKEN_FIELDS]
     named = [_added_token(t, config_path, special=True)
              for t in named + list(config.get("additional_special_tokens") or []) if t is not None]
@@ -204,7 +202,7 @@ def qwen2_tokenizer(folder):
         added = {int(i): _added_token(t, source) for i, t in config["added_tokens_decoder"].items()}
     else:  # older folders: added_tokens.json, {content: id}, special when a field names it
         source = folder / "added_tokens.json"
-        listed = _read_json(source) if source.is_file() else {}
+        listed = read_json_file(source) if source.is_file() else {}
         added = {i: AddedToken(t, special=t in names, normalized=t not in names) for t, i in listed.items()}
     for token in added.values():
         token.special = token.special or token.content in names
@@ -244,8 +242,9 @@ class SpecialIds:
 
 
 def chat_format(tokenizer):
-    """Which chat format a tokenizer is for: "chatml" (Dream-v0, Qwen2.5: it has <|im_start|>) or "llada"."""
-    return "chatml" if tokenizer.token_to_id(IM_START) is not None else "llada"
+    """Which chat format a tokenizer is for: "chatml" (Dream-v0, Qwen2.5: it has <|im_start|> or <|im_end|>; a
+    missing one of the two is then named as ChatML's) or "llada"."""
+    return "chatml" if {tokenizer.token_to_id(IM_START), tokenizer.token_to_id(IM_END)} != {None} else "llada"
 
 
 def _encoding(tokenizer, text):
@@ -262,11 +261,14 @@ def check_chat_tokens(tokenizer, where, hint=""):
     tokenizer's folder or file). chat_prompt writes them as text: a missing token, or one that is only a plain
     vocabulary entry (not under 'added_tokens', so the BPE spells it out in pieces), turns the template into ordinary
     characters the model never saw as one. The one check of gift.py, sample.py and eval.py. Returns {token: id}."""
-    ids = {token: tokenizer.token_to_id(token) for token in CHAT_FORMATS[chat_format(tokenizer)].text_tokens.values()}
+    fmt = chat_format(tokenizer)
+    ids = {token: tokenizer.token_to_id(token) for token in CHAT_FORMATS[fmt].text_tokens.values()}
     missing = [token for token, token_id in ids.items() if token_id is None]
     if missing:
-        raise ValueError(f"{where}: its tokenizer has no chat token {', '.join(missing)}: it is neither LLaDA's nor "
-                         f"Dream's (ChatML, {IM_START}), so there is no chat format to wrap the prompt in{hint}")
+        what = ("of ChatML's format (Dream's), whose other tokens it has" if fmt == "chatml" else
+                f"it is neither LLaDA's nor Dream's (ChatML, {IM_START})")
+        raise ValueError(f"{where}: its tokenizer has no chat token {', '.join(missing)}: {what}, so there is no chat "
+                         f"format to wrap the prompt in{hint}")
     encodings = {token: _encoding(tokenizer, token) for token in ids}
     split = [token for token, e in encodings.items() if e is None or e.ids != [ids[token]]]
     if split:
@@ -276,16 +278,17 @@ def check_chat_tokens(tokenizer, where, hint=""):
     return ids
 
 
-def special_ids(tokenizer, config):
-    """mask / eos / pad from the model config (config.json), the chat-format tokens from the tokenizer. A full model
-    config (one with embedding_size, e.g. LLaDAConfig) is also checked against the tokenizer (check_mask_token)."""
+def special_ids(tokenizer, config, where="the tokenizer"):
+    """mask / eos / pad from the model config (config.json), the chat-format tokens from the tokenizer (checked:
+    check_chat_tokens, naming `where`, the tokenizer's folder). A full model config (one with embedding_size, e.g.
+    LLaDAConfig) is also checked against the tokenizer (check_mask_token)."""
     for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(config, name, None)
         if not isinstance(value, int) or isinstance(value, bool):
             raise ValueError(f"config.json field {name!r} is {value!r}; it must be a token id")
     if getattr(config, "embedding_size", None) is not None:
         check_mask_token(tokenizer, config)
-    ids = check_chat_tokens(tokenizer, "tokenizer.json")
+    ids = check_chat_tokens(tokenizer, where)
     return SpecialIds(eos=config.eos_token_id, pad=config.pad_token_id, mask=config.mask_token_id,
                       **{field: ids[t] for field, t in CHAT_FORMATS[chat_format(tokenizer)].text_tokens.items()})
 
@@ -664,14 +667,17 @@ def _unique_keys(pairs):
     return dict(pairs)
 
 
+NESTED_TOO_DEEP = ("nested too deeply to read (a Python RecursionError); a row is an object of strings and "
+                   "lists of turns")
+
+
 def json_row(line):
     """json.loads of one JSONL line, refusing (BadRow) a key given twice and JSON nested deeper than the parser reads;
     invalid JSON raises json.JSONDecodeError, for the caller to say where."""
     try:
         return json.loads(line, object_pairs_hook=_unique_keys)
     except RecursionError:  # JSON nested deeper than the parser's recursion limit
-        raise BadRow(None, "nested too deeply to read (a Python RecursionError); a row is an object of strings and "
-                           "lists of turns") from None
+        raise BadRow(None, NESTED_TOO_DEEP) from None
 
 
 def check_cr_only(path, line_no, raw):
@@ -696,9 +702,8 @@ def read_row(path, line_no, raw, fmt):
         check_cr_only(path, line_no, raw)
         raise BadRow(None, f"invalid JSON ({e.msg}, column {e.colno})"
                      + ("; the line holds CR (\\r) line breaks" if CR_BREAK.search(raw) else "")) from None
-    except RecursionError:  # JSON nested deeper than the parser's recursion limit (or its repr)
-        raise BadRow(None, "nested too deeply to read (a Python RecursionError); a row is an object of strings and "
-                           "lists of turns") from None
+    except RecursionError:  # a row nested too deep for parse_row's walk or its repr (json_row says it for the parser)
+        raise BadRow(None, NESTED_TOO_DEEP) from None
 
 
 def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False):

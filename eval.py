@@ -4,9 +4,8 @@ numbers are comparable with the GIFT paper's tables (which take their baselines 
 Protocol (d1's eval/*.py): one user turn = instruction + "\\n\\n" + question, LLaDA's chat template, then the literal
 text "<reasoning>" after the assistant header; greedy block diffusion sampling (block 32, steps = gen_length / 2,
 low-confidence remasking); d1's answer extraction and grading rules, quirks included (listed above the graders).
-Checked against d1's own stored generations of LLaDA-8B-Instruct (tests/test_eval.py). A Dream model gets the same
-protocol (the paper's Appendix C) in its own chat format, ChatML (the tokenizer says which); --sampler dream samples
-with Dream's own diffusion_generate instead.
+A Dream model gets the same protocol (the paper's Appendix C) in its own chat format, ChatML (the tokenizer says
+which); --sampler dream samples with Dream's own diffusion_generate instead.
 
     torchrun --nproc_per_node 8 eval.py --model DIR [--adapter DIR] --task gsm8k --data gsm8k_test.jsonl \\
         [--shots 5 --shot-data gsm8k_train.jsonl] [--seeds 0 1 2] [--out results.json]
@@ -37,16 +36,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from data import (BOS, BadRow, chat_format, chat_prompt, check_chat_tokens, check_mask_token, data_text, encode,
-                  encode_text, json_row, load_tokenizer, mask_in_text, read_data_file, unencodable_characters)
-from longjob import (append_records, check_adapter, check_summary, compute_dtype, end_distributed, find_model,
-                     folder_fingerprint, load_weights, open_output, rank_and_world, read_records, run_command_line,
-                     setup_distributed)
-from model import GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, generation_defaults
+from data import (BOS, EOT, IM_END, SUDOKU_TASK_PROMPT, BadRow, chat_format, chat_prompt, check_chat_tokens,
+                  check_mask_token, data_text, encode, encode_text, json_row, load_tokenizer, mask_in_text,
+                  read_data_file, unencodable_characters)
+from longjob import (DTYPES, SEED_RULE, SEEDS, adapter_fingerprint, add_dtype_flag, add_model_flags, append_records,
+                     barrier, broadcast_object, check_adapter, check_summary, compute_dtype, end_distributed,
+                     find_model, folder_fingerprint, gather_objects, load_weights, mixed_seed, open_output,
+                     rank_and_world, read_records, run_command_line, setup_distributed)
+from model import GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, generation_defaults, shift_right, unwrap
 from sample import (SamplerOptions, add_sampler_flags, check_sampler_choice, check_step_count, decode_until_stop,
-                    folder_defaults, generate, generate_with_options, options_from_flags)
+                    folder_defaults, generate, generate_with_options, options_from_flags, with_lengths)
 
 try:  # lm-evaluation-harness, optional: GiftLM (its model "gift") and eval.py --harness need it
     import lm_eval.models  # noqa: F401  the harness's own models, registered first (lazily), stay available
@@ -90,7 +90,7 @@ INSTRUCTIONS = dict(gsm8k=GSM_SYSTEM_PROMPT, math500=MATH500_SYSTEM_PROMPT, coun
                     sudoku=SUDOKU_SYSTEM_PROMPT)
 # question templates; GSM8K and MATH500 use the problem text as is. Countdown's numbers print as a Python list.
 COUNTDOWN_QUESTION = "Numbers: {numbers}\nTarget: {target}"
-SUDOKU_QUESTION = "Solve the following Sudoku puzzle: {puzzle}\n"  # the "\n" is d1's; the chat template strips it
+SUDOKU_QUESTION = SUDOKU_TASK_PROMPT + "\n"  # the "\n" is d1's; the chat template strips it
 ASSISTANT_PREFIX = "<reasoning>"  # d1 appends it after the assistant header: the model continues its reasoning
 
 GEN_LENGTH = dict(sudoku=512, countdown=512, gsm8k=256, math500=256)  # d1's defaults (the paper's tables)
@@ -101,14 +101,14 @@ PROMPT_STYLES = ("d1", "plain")  # plain: the question alone, nothing after the 
 # Benchmark loaders. Each item is a dict with "question" (the text after the instruction) and the gold fields the
 # grader needs; GSM8K / MATH500 items also carry the worked solution ("reasoning") for few-shot examples.
 
-
 def _file_text(path, raw=None):
     """The data file's text, from raw (its bytes, as load_data read them) or read now, through data.py's checks."""
     return data_text(path, read_data_file(path) if raw is None else raw)
 
 
-def _jsonl_rows(path, raw=None):
-    """(line number, object) per non-blank line; a bad line (not JSON, not an object, ...) raises naming it."""
+def _jsonl_rows(path, raw=None, **strings):
+    """(where, object) per non-blank line, `where` ("PATH, line N") starting an error about it; a bad line (not JSON,
+    not an object, a field of `strings` {key: hint for the error} missing or not a string, ...) raises naming it."""
     for line_no, line in enumerate(io.StringIO(_file_text(path, raw), newline=None), start=1):  # as open() reads
         if not line.strip():
             continue
@@ -120,18 +120,14 @@ def _jsonl_rows(path, raw=None):
             raise ValueError(f"{path}, line {line_no}: invalid JSON ({e.msg}, column {e.colno})") from None
         if not isinstance(row, dict):
             raise ValueError(f"{path}, line {line_no}: expected a JSON object, got {type(row).__name__}")
-        yield line_no, row
-
-
-def _field(row, key, path, line_no, hint=""):
-    if not isinstance(row.get(key), str):
-        raise ValueError(f"{path}, line {line_no}: field {key!r} missing or not a string{hint}")
-    return row[key]
+        for key, hint in strings.items():
+            if not isinstance(row.get(key), str):
+                raise ValueError(f"{path}, line {line_no}: field {key!r} missing or not a string{hint}")
+        yield f"{path}, line {line_no}", row
 
 
 def parse_gsm8k_gold(answer):
-    """The number after "####", commas removed, its sign kept (unlike d1: see the GSM8K notes above the graders);
-    None when there is no number."""
+    """The number after "####" (commas removed, its sign kept, unlike d1's: see the graders' notes), else None."""
     m = re.search(r"####\s*\$?(-?[\d,]+(?:\.\d+)?)", answer)
     return float(m.group(1).replace(",", "")) if m else None
 
@@ -139,40 +135,33 @@ def parse_gsm8k_gold(answer):
 def load_gsm8k(path, raw=None):
     """GSM8K JSONL rows {"question", "answer": "...worked solution...\\n#### 18"}."""
     items = []
-    for line_no, row in _jsonl_rows(path, raw):
-        question = _field(row, "question", path, line_no)
-        answer = _field(row, "answer", path, line_no, " (GSM8K's worked solution ending in '#### <number>')")
-        gold = parse_gsm8k_gold(answer)
+    for where, row in _jsonl_rows(path, raw, question="",
+                                  answer=" (GSM8K's worked solution ending in '#### <number>')"):
+        gold = parse_gsm8k_gold(row["answer"])
         if gold is None:
-            raise ValueError(f"{path}, line {line_no}: field 'answer' has no '#### <number>' final answer")
-        reasoning = re.sub(r"<<[^>]*>>", "", answer.split("####")[0]).strip()  # drop the calculator annotations
-        items.append(dict(question=question, gold=gold, reasoning=reasoning))
+            raise ValueError(f"{where}: field 'answer' has no '#### <number>' final answer")
+        reasoning = re.sub(r"<<[^>]*>>", "", row["answer"].split("####")[0]).strip()  # drop the calculator annotations
+        items.append(dict(question=row["question"], gold=gold, reasoning=reasoning))
     return items
 
 
 def load_math500(path, raw=None):
     """MATH500 JSONL rows {"problem", "answer", "solution", ...} (OpenAI's prm800k test split)."""
-    items = []
-    for line_no, row in _jsonl_rows(path, raw):
-        question = _field(row, "problem", path, line_no)
-        gold = _field(row, "answer", path, line_no, " (the final answer in LaTeX)")
-        reasoning = row.get("solution") if isinstance(row.get("solution"), str) else ""
-        items.append(dict(question=question, gold=gold, reasoning=reasoning))
-    return items
+    return [dict(question=row["problem"], gold=row["answer"],
+                 reasoning=row["solution"] if isinstance(row.get("solution"), str) else "")
+            for _, row in _jsonl_rows(path, raw, problem="", answer=" (the final answer in LaTeX)")]
 
 
 def load_countdown(path, raw=None):
     """Countdown JSONL rows {"input": "30,100,93", "output": "23"}."""
     items = []
-    for line_no, row in _jsonl_rows(path, raw):
-        raw_numbers = _field(row, "input", path, line_no, " (comma-separated integers, e.g. \"30,100,93\")")
-        raw_target = _field(row, "output", path, line_no, " (the target integer as a string, e.g. \"23\")")
+    for where, row in _jsonl_rows(path, raw, input=" (comma-separated integers, e.g. \"30,100,93\")",
+                                  output=" (the target integer as a string, e.g. \"23\")"):
         try:
-            numbers = [int(n) for n in raw_numbers.split(",")]
-            target = int(raw_target)
+            numbers, target = [int(n) for n in row["input"].split(",")], int(row["output"])
         except ValueError:
-            raise ValueError(f"{path}, line {line_no}: 'input' {raw_numbers!r} / 'output' {raw_target!r} are not "
-                             "comma-separated integers / an integer") from None
+            raise ValueError(f"{where}: 'input' {row['input']!r} / 'output' {row['output']!r} are not comma-separated "
+                             "integers / an integer") from None
         items.append(dict(question=COUNTDOWN_QUESTION.format(numbers=numbers, target=target),
                           numbers=numbers, target=target))
     return items
@@ -216,12 +205,9 @@ def load_benchmark(task, path, raw=None):
 
 
 # -----------------------------------------------------------------------------
-# Prompts. d1 style: user turn = instruction + "\n\n" + question, chat template, then "<reasoning>". Plain style
-# (the embedded tiny-model Sudoku task, trained on "<answer>{16 digits}</answer>"): the question alone.
-# Few-shot (the paper's 5-shot appendix; d1's few-shot code was broken): K solved examples in the same user turn,
-# between the instruction and the question, each a complete answer in the instruction's format (shot_response), its
-# reasoning the data's worked solution or, where the data has none (Countdown, Sudoku), a one-line check.
-
+# Prompts: d1's (the module docstring), or plain: the question alone (the embedded tiny-model Sudoku task, trained on
+# "<answer>{16 digits}</answer>"). Few-shot (the paper's 5-shot appendix; d1's few-shot code was broken): K solved
+# examples (shot_response) in the same user turn, between the instruction and the question.
 
 def solve_countdown(numbers, target):
     """An expression using each number once with + - * / that reaches target (within 1e-5), or None."""
@@ -243,8 +229,8 @@ def solve_countdown(numbers, target):
 
 
 def shot_response(task, item, style="d1"):
-    """A full model answer for a solved example: its reasoning and "\\boxed{gold}" (Countdown: an expression found by
-    brute force; Sudoku: the solution string, not boxed) in the instruction's format."""
+    """A solved example's full answer in the instruction's format: its reasoning (the data's worked solution, else a
+    one-line check) and "\\boxed{gold}" (Countdown: an expression found by brute force; Sudoku: the bare solution)."""
     if task in ("gsm8k", "math500"):
         gold = item["gold"]  # GSM8K's a number: 18.0 is written 18
         gold = str(int(gold)) if task == "gsm8k" and float(gold).is_integer() else str(gold)
@@ -542,7 +528,7 @@ def grade_sudoku(generation, puzzle, solution):
 def grade(task, generation, item):
     """The grade fields of one record: {"correct"} or, for Sudoku, {"correct_cells", "empty_cells"}. d1's rules know
     LLaDA's turn end <|eot_id|>: Dream's <|im_end|> is graded as it (LLaDA's generations never hold it)."""
-    generation = generation.replace("<|im_end|>", "<|eot_id|>")
+    generation = generation.replace(IM_END, EOT)
     if task == "gsm8k":
         return dict(correct=grade_gsm8k(generation, item["gold"]))
     if task == "math500":
@@ -565,18 +551,14 @@ def accuracy(task, records):
 # -----------------------------------------------------------------------------
 # Generation and grading, one process or torchrun
 
-
 def item_generator(seed, index, device):
     """Item `index`'s own generator under `seed`: a resumed or re-batched run draws the same noise for it."""
-    return torch.Generator(device).manual_seed(seed * 1_000_003 + index)
+    return torch.Generator(device).manual_seed(mixed_seed(seed, index))
 
 
 def d1_options(options, task, source=None):
-    """The options, d1's protocol where a length is unset: the task's GEN_LENGTH, block 32, steps = gen_length / 2
-    (source: who gave them, as SamplerOptions names it in a refusal: None a library call, "flags" the command line)."""
-    gen_length = options.gen_length or GEN_LENGTH[task]
-    return replace(options, gen_length=gen_length, steps=options.steps or gen_length // 2,
-                   block_length=options.block_length or BLOCK_LENGTH, source=source)
+    """The options, d1's protocol where a length is unset: the task's GEN_LENGTH, block 32, two tokens per step."""
+    return with_lengths(options, GEN_LENGTH[task], BLOCK_LENGTH, 2, source)
 
 
 def left_padded(prompts, pad_id):
@@ -655,25 +637,24 @@ def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, 
     if batch_size < 1:
         raise ValueError(f"eval.py evaluate: batch_size {batch_size}: must be at least 1")
     rank, world = rank_and_world()
-    raw = getattr(model, "module", model)  # DDP: call the real module (its forward would sync buffers)
+    module = unwrap(model)  # DDP: call the real module (its forward would sync buffers)
     run = run or SeedRun()
     prompts = encoded_prompts(tokenizer, task, items, prompt_style, run.shots, options.gen_length,
-                              raw.config.max_sequence_length)
+                              module.config.max_sequence_length)
     done = dict(run.done or {})
     batches = [list(range(k, min(len(items), k + batch_size))) for k in range(0, len(items), batch_size)]
     todo = [idx for idx in batches if not all(i in done for i in idx)]
     rounds = math.ceil(len(todo) / world)  # the same on every rank
-    was_training = raw.training
-    raw.eval()  # LoRA dropout off
+    was_training = module.training
+    module.eval()  # LoRA dropout off
     records, start, generated = list(done.values()), time.time(), 0
     for round_ in range(rounds):
         idx = todo[round_ * world + rank] if round_ * world + rank < len(todo) else []
-        answers = sample_answers(raw, [prompts[i] for i in idx or [0]], options, run.seed, idx or [0])
+        answers = sample_answers(module, [prompts[i] for i in idx or [0]], options, run.seed, idx or [0])
         new = graded_records(tokenizer, task, items, idx, answers, run.seed, done)
-        if world > 1:  # rank 0 gathers every rank's records of the round (in rank order), so that it can stream them
-            gathered = [None] * world if rank == 0 else None
-            dist.gather_object(new, gathered, dst=0)
-            new = [r for part in gathered for r in part] if rank == 0 else []
+        if world > 1:  # every rank's records of the round (in rank order), which rank 0 streams
+            parts = gather_objects(new)
+            new = [r for part in parts for r in part] if rank == 0 else []
         records += new
         generated += len(idx) * options.gen_length
         if rank == 0 and run.on_batch and new:
@@ -683,7 +664,7 @@ def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, 
             eta = elapsed / (round_ + 1) * (rounds - round_ - 1)
             print(f"  seed {run.seed}: {len(records)}/{len(items)} items, {generated / max(elapsed, 1e-9):.0f} "
                   f"tokens/s, accuracy so far {accuracy(task, records):.1f}%, ETA {eta / 60:.1f} min", flush=True)
-    raw.train(was_training)
+    module.train(was_training)
     if rank != 0:
         return None, None
     records.sort(key=lambda r: r["index"])
@@ -717,14 +698,11 @@ def evaluate_embedded(heldout, checkpoint, seed, device):
 # -----------------------------------------------------------------------------
 # The command line: streaming, resumable results
 
-
 def make_parser():
     """eval.py's flags: the model, the benchmark, the sampler's (sample.add_sampler_flags), the output."""
     p = argparse.ArgumentParser(description="Evaluate a LLaDA or Dream checkpoint with the d1 / wd1 protocol "
                                             "(torchrun --nproc_per_node N eval.py ... for several GPUs).")
-    p.add_argument("--model", required=True, help="model folder (config.json, safetensors, tokenizer.json), or what "
-                   "gift.py printed: a checkpoint or run folder")
-    p.add_argument("--adapter", default=None, help="LoRA adapter folder to load on top (merged before sampling)")
+    add_model_flags(p)
     p.add_argument("--task", required=True, choices=TASKS, help="benchmark (sets the grader and the instruction)")
     p.add_argument("--data", default=None, help="test file: GSM8K / MATH500 / Countdown JSONL or Sudoku CSV (default: "
                    "the test file the model folder's generation_defaults.json names for this task)")
@@ -735,8 +713,7 @@ def make_parser():
                    help="one run per seed (sampling noise and few-shot choice); mean and std are reported")
     add_sampler_flags(p)  # --gen-length, --steps, --block-length, --temperature, ..., --cache-drift (sample.py's)
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call on each rank")
-    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32"), default="auto",
-                   help="weights dtype (auto: bfloat16 on GPU, float32 on CPU)")
+    add_dtype_flag(p)
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N items (a quick check)")
     p.add_argument("--prompt-style", choices=PROMPT_STYLES, default=None,
                    help="d1 (the default): instruction + question, then '<reasoning>'; plain: the question alone (the "
@@ -765,9 +742,9 @@ def parse_args(argv=None):
         p.error(str(e))
     if len(set(args.seeds)) < len(args.seeds):
         p.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once (the std is over distinct runs)")
-    for seed in args.seeds:  # an item's noise comes from seed * 1_000_003 + index (item_generator): 64 bits
-        if not -2 ** 40 < seed < 2 ** 40:
-            p.error(f"--seeds {seed}: too large for the items' generators; a seed in (-2**40, 2**40), e.g. 0")
+    for seed in args.seeds:  # an item's noise comes from mixed_seed(seed, index) (item_generator)
+        if seed not in SEEDS:
+            p.error(f"--seeds {seed}: {SEED_RULE}")
     return p, args
 
 
@@ -801,8 +778,7 @@ def resolve_model(p, args):
 
 
 def seed_free(args):
-    """True when the generations cannot depend on the seed: no few-shot draw, and a sampler that draws nothing (the
-    block sampler greedy with low-confidence remasking; Dream's greedy with a confidence-ordered alg, no alg_temp)."""
+    """True when the generations cannot depend on the seed: no few-shot draw, and a sampler that draws nothing."""
     o = args.options
     if args.shots or o.temperature > 0:
         return False
@@ -812,8 +788,7 @@ def seed_free(args):
 
 
 def warn_seed_free(args, rank):
-    """Rank 0: one line when --seeds names several seeds that all give the same generations (seed_free): the runs
-    repeat one evaluation and their std of 0 measures nothing. They still run (the summary lists each seed)."""
+    """Rank 0: a warning when --seeds names several seeds that give the same generations (seed_free); they still run."""
     if len(args.seeds) > 1 and seed_free(args) and rank == 0:
         print(f"eval.py: warning: --seeds {' '.join(map(str, args.seeds))}: greedy decoding with {args.shots} shots "
               "draws nothing from the seed, so every seed repeats the same evaluation and the std over them is 0 by "
@@ -823,12 +798,12 @@ def warn_seed_free(args, rank):
 def load_data(p, args):
     """The test items (the first --limit), the few-shot pool and the model's tokenizer; every prompt is checked
     readable by the tokenizer, and a missing or malformed file named in one line, before the model loads."""
-    flag = "--data"
+    flag, path = "--data", args.data
     try:
         raw = read_data_file(args.data)
         args.data_sha256 = hashlib.sha256(raw).hexdigest()[:16]  # of the bytes the items come from (run_settings)
         items = load_benchmark(args.task, args.data, raw)[:args.limit]
-        flag = "--shot-data"
+        flag, path = "--shot-data", args.shot_data
         shot_items = load_benchmark(args.task, args.shot_data) if args.shots else []
         if args.shots > len(shot_items):
             raise ValueError(f"--shots {args.shots} but {args.shot_data} has only {len(shot_items)} items")
@@ -837,7 +812,6 @@ def load_data(p, args):
         config = LLaDAConfig.from_json(args.folder / "config.json")
         check_mask_token(tokenizer, config)  # the ids within the embedding, before the weights load
     except (OSError, ValueError) as e:
-        path = args.data if flag == "--data" else args.shot_data
         p.error(str(e) if str(path) in str(e) or str(args.folder) in str(e) else f"{flag} {path}: {e}")
     fmt = chat_format(tokenizer)
     for item in items + shot_items:
@@ -878,11 +852,8 @@ def run_settings(args, dtype):
                  cfg_scale=o.cfg_scale, remasking=None if o.remasking == "low_confidence" else o.remasking)
     if o.sampler == "dream":  # Dream's sampler reads none of the block sampler's options, and its own
         extra = dict(sampler=o.sampler, alg=o.alg, alg_temp=o.alg_temp, eps=o.eps, top_p=o.top_p, top_k=o.top_k)
-    if args.adapter:  # its files whole (small beside its base): another adapter at the same path is told apart
-        h = hashlib.sha256()
-        for name in ("adapter_config.json", "adapter_model.safetensors"):
-            h.update(name.encode() + (Path(args.adapter) / name).read_bytes())
-        extra["adapter_fingerprint"] = h.hexdigest()[:16]
+    if args.adapter:  # another adapter at the same path is told apart
+        extra["adapter_fingerprint"] = adapter_fingerprint(args.adapter)
     return settings | {k: v for k, v in extra.items() if v}
 
 
@@ -895,9 +866,8 @@ def evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch
         sampler = f"Dream's own, alg {o.alg}, alg_temp {o.alg_temp}, eps {o.eps}, top_p {o.top_p}, top_k {o.top_k}"
     for seed in args.seeds:
         if rank == 0:
-            print(f"{args.task}: {len(items)} items, seed {seed}, gen_length {o.gen_length}, steps {o.steps}, "
-                  f"block {o.block_length}, {args.shots}-shot, {args.prompt_style} prompts, sampler {sampler}",
-                  flush=True)
+            print(f"{args.task}: {len(items)} items, seed {seed}, gen_length {o.gen_length}, steps {o.steps}, block "
+                  f"{o.block_length}, {args.shots}-shot, {args.prompt_style} prompts, sampler {sampler}", flush=True)
         done = {i: r for (s, i), r in finished.items() if s == seed and i < len(items)}
         run = SeedRun(seed, pick_shots(shot_items, args.shots, seed), done, on_batch, args.log_every)
         acc, records = evaluate(model, tokenizer, items, args.task, o, args.batch_size, args.prompt_style, run)
@@ -928,17 +898,14 @@ def main(argv=None):
     warn_seed_free(args, int(os.environ.get("RANK", "0")))
     out, records_path, lock = open_output(p, args)  # all checked before the model loads
     try:
-        rank, world, device = setup_distributed()  # torchrun's processes; a plain `python eval.py` is one
+        rank, _, device = setup_distributed()  # torchrun's processes; a plain `python eval.py` is one
         dtype = compute_dtype(args.dtype, device)
         items, shot_items, tokenizer = load_data(p, args)
         settings = run_settings(args, dtype)
         finished = read_records(records_path, settings) if rank == 0 else {}  # its records first: named settings
         if out:
             check_summary(out, settings)
-        if world > 1:  # rank 0's, on every rank
-            box = [finished]
-            dist.broadcast_object_list(box, src=0)
-            finished = box[0]
+        finished = broadcast_object(finished)  # rank 0's, on every rank
         model = load_weights(args.folder, args.adapter, dtype, device, merge=True).eval()  # mask token: load_data's
         on_batch = (lambda new: append_records(records_path, new, settings)) if records_path else None
         runs = evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch)
@@ -954,19 +921,15 @@ def main(argv=None):
 
 
 # =============================================================================
-# lm-evaluation-harness: a model of this repo as the harness's model "gift" (EleutherAI's lm-evaluation-harness,
-# optional: pip install -r requirements-extras.txt). Not needed for the d1 protocol above, which it leaves as it is.
-#
+# lm-evaluation-harness (EleutherAI's, optional; the d1 protocol above does without): this repo's models as "gift".
 #     torchrun --nproc_per_node 8 eval.py --harness ...          # lm-eval gives each rank a slice of the documents
 #     lm_eval.simple_evaluate(model="gift", model_args="model=DIR,mc_num=128,gen_length=256", tasks=[...])
-#
 # generate_until: the sampler of SamplerOptions on left-padded batches, as evaluate() runs it.
 # loglikelihood: LLaDA's Monte Carlo estimate of its likelihood bound (Nie et al. 2025, arXiv 2502.09992; the official
 #   evaluation/eval_llada.py). For a continuation y of L tokens after the context x:
 #       ELBO = E_{l ~ U{1..L}} E_{M ~ U(l-subsets of y)} [ (L / l) sum_{i in M} log p(y_i | x, y with M masked) ]
 #   one draw = one forward pass; mc_num draws, `batch_size` per pass, the l of each pass stratified over 1..L; the
 #   context is never masked. Dream reads token i's prediction at position i - 1. A lower bound on log p(y | x).
-
 
 @dataclass
 class HarnessOptions:
@@ -984,6 +947,8 @@ class HarnessOptions:
         if not all(isinstance(n, int) and n >= 1 for n in (self.batch_size, self.mc_num)):
             raise ValueError(f"GiftLM: batch_size {self.batch_size!r} and mc_num {self.mc_num!r} must be integers >= 1 "
                              "(no 'auto')")
+        if not isinstance(self.seed, int) or self.seed not in SEEDS:
+            raise ValueError(f"GiftLM: seed {self.seed!r}: {SEED_RULE}")
 
 
 def stratified_mask_counts(L, b, generator):
@@ -1014,7 +979,6 @@ def elbo_draws(model, context, continuation, mc_num, batch_size, generator):
         raise ValueError(f"elbo_draws: a context of {P} and a continuation of {L} tokens; each needs at least one")
     x0 = torch.tensor(list(context) + list(continuation), device=device)  # (P + L,)
     y = x0[P:]
-    where = torch.arange(P, P + L, device=device) - int(model.predicts_shifted)  # the positions that predict y
     draws = []
     for start in range(0, mc_num, batch_size):
         b = min(batch_size, mc_num - start)
@@ -1022,7 +986,8 @@ def elbo_draws(model, context, continuation, mc_num, batch_size, generator):
         masked = continuation_masks(L, counts, generator).to(device)  # (b, L)
         x = x0.repeat(b, 1)
         x[:, P:] = torch.where(masked, mask_id, y)  # the context is never masked
-        hidden = model(x, return_hidden=True)[:, where]  # (b, L, D): the states that predict y
+        hidden = model(x, return_hidden=True)  # (b, P + L, D)
+        hidden = (shift_right(hidden) if model.predicts_shifted else hidden)[:, P:]  # (b, L, D): predicting y
         rows, cols = masked.nonzero(as_tuple=True)  # the N masked tokens: the only logits the estimate reads
         logits = model.head(hidden[rows, cols])  # (N, V)
         logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
@@ -1055,8 +1020,8 @@ class GiftLM(LM):
         own, names = [f.name for f in fields(HarnessOptions)], [f.name for f in fields(SamplerOptions)]
         unknown = sorted(set(model_args) - set(own) - set(names))
         if unknown:
-            raise ValueError(f"GiftLM: unknown model_args {', '.join(unknown)}; GiftLM takes model, adapter, "
-                             f"dtype, device, batch_size, mc_num, seed, check_greedy and {', '.join(names)}")
+            raise ValueError(f"GiftLM: unknown model_args {', '.join(unknown)}; GiftLM takes {', '.join(own)} and "
+                             f"{', '.join(names)}")
         opts = HarnessOptions(model, **{k: v for k, v in model_args.items() if k in own})
         self.folder, found = find_model(opts.model)
         self.adapter = opts.adapter or found
@@ -1092,23 +1057,16 @@ class GiftLM(LM):
             return chat_prompt(chat_history, self.fmt)
         return chat_prompt(chat_history[:-1], self.fmt) + chat_history[-1]["content"]
 
-    def all_gather(self, tensor):
-        if self._world_size == 1:
-            return tensor
-        parts = [torch.zeros_like(tensor) for _ in range(self._world_size)]
-        dist.all_gather(parts, tensor)
-        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
+    def all_gather(self, tensor):  # the harness's collectives: longjob's, each a no-op for one process
+        parts = gather_objects(tensor)
+        return parts[0] if len(parts) == 1 else torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
 
     def gather_object(self, obj, dst=0):
-        if self._world_size == 1:
-            return [obj]
-        out = [None] * self._world_size if self._rank == dst else None
-        dist.gather_object(obj, out, dst=dst)
-        return out
+        parts = gather_objects(obj)
+        return parts if self._rank == dst else None
 
     def barrier(self):
-        if self._world_size > 1:
-            dist.barrier()
+        barrier()
 
     # --- requests ---
 
@@ -1137,8 +1095,7 @@ class GiftLM(LM):
         return (ctx or [self.prefix_id])[-(self.max_length - len(cont)):], cont
 
     def _elbo(self, context, continuation):
-        """The mean of mc_num draws; the draws' generator is seeded from the seed and the request's token ids, so the
-        same request draws the same masks in any order, batch or rank."""
+        """The mean of mc_num draws, seeded by the seed and token ids: the same masks in any order, batch or rank."""
         digest = hashlib.sha256(json.dumps([self.seed, context, continuation]).encode()).digest()
         g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
         return elbo_draws(self.model, context, continuation, self.mc_num, self.batch_size, g).mean().item()
@@ -1148,10 +1105,9 @@ class GiftLM(LM):
         out = []
         for request in requests:
             ctx, cont = self._context_and_continuation(*self._args(request, 2, "loglikelihood"), request)
-            ll = self._elbo(ctx, cont)
-            greedy = bool(self.check_greedy) and greedy_continuation(self.model, ctx, len(cont)) == cont
-            out.append((ll, greedy))
-            self.cache_hook.add_partial("loglikelihood", request.args, (ll, greedy))
+            out.append((self._elbo(ctx, cont),
+                        bool(self.check_greedy) and greedy_continuation(self.model, ctx, len(cont)) == cont))
+            self.cache_hook.add_partial("loglikelihood", request.args, out[-1])
         return out
 
     def loglikelihood_rolling(self, requests):
@@ -1162,10 +1118,9 @@ class GiftLM(LM):
             (text,) = self._args(request, 1, "loglikelihood_rolling")
             ids = [self.prefix_id] + (self._encode(text, request) if text else [])
             window = self.max_length - 1 if len(ids) <= self.max_length else self.max_length // 2
-            ll = sum(self._elbo(ids[max(0, s - (self.max_length - window)):s], ids[s:s + window])
-                     for s in range(1, len(ids), window))
-            out.append(ll)
-            self.cache_hook.add_partial("loglikelihood_rolling", request.args, ll)
+            out.append(sum(self._elbo(ids[max(0, s - (self.max_length - window)):s], ids[s:s + window])
+                           for s in range(1, len(ids), window)))
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, out[-1])
         return out
 
     def _generation_options(self, gen_kwargs):
@@ -1173,12 +1128,10 @@ class GiftLM(LM):
         max_gen_toks (rounded up to whole blocks), block 32, steps = gen_length / 2 (d1's two per step)."""
         o = self.options
         gen_length = o.gen_length or int(gen_kwargs.get("max_gen_toks", 256))
-        block = o.block_length or min(BLOCK_LENGTH, gen_length)
         if o.sampler == "block":
+            block = o.block_length or min(BLOCK_LENGTH, gen_length)
             gen_length = -(-gen_length // block) * block
-        blocks = max(1, gen_length // block)
-        steps = o.steps or max(blocks, gen_length // 2 // blocks * blocks)
-        return replace(o, gen_length=gen_length, steps=steps, block_length=block)
+        return with_lengths(replace(o, gen_length=gen_length), gen_length, BLOCK_LENGTH, 2)
 
     def generate_until(self, requests):
         """Each context sampled with the options, in batches of batch_size consecutive requests with the same
@@ -1225,8 +1178,7 @@ def harness_main(argv=None):
     p = argparse.ArgumentParser(description="Evaluate a LLaDA or Dream model on lm-evaluation-harness tasks "
                                             "(torchrun --nproc_per_node N eval.py --harness ... for several GPUs).")
     p.add_argument("--harness", action="store_true", help="run lm-evaluation-harness tasks (this command line)")
-    p.add_argument("--model", required=True, help="model folder, or a checkpoint or run folder (as eval.py's)")
-    p.add_argument("--adapter", default=None, help="LoRA adapter folder (merged before sampling)")
+    add_model_flags(p)
     p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names, e.g. arc_easy,gsm8k")
     p.add_argument("--include-path", default=None, help="folder of task YAMLs of your own")
     p.add_argument("--limit", type=float, default=None, help="only the first N documents of each task")
@@ -1238,8 +1190,7 @@ def harness_main(argv=None):
     p.add_argument("--seed", type=int, default=0, help="seed of the likelihood draws and of sampling")
     p.add_argument("--batch-size", type=int, default=8,
                    help="prompts per generate call; likelihood draws per forward pass")
-    p.add_argument("--dtype", choices=("auto", "bfloat16", "float32", "float64"), default="auto",
-                   help="weights dtype (auto: bfloat16 on GPU, float32 on CPU)")
+    add_dtype_flag(p, DTYPES + ("float64",))
     p.add_argument("--out", default=None, help="write the harness's results (JSON) here")
     add_sampler_flags(p)
     args = p.parse_args(argv)
@@ -1263,7 +1214,7 @@ def harness_main(argv=None):
     if lm.rank == 0:
         print(make_table(results))
         if args.out:
-            Path(args.out).write_text(json.dumps(results, indent=1, default=str))
+            atomic_write_text(args.out, json.dumps(results, indent=1, default=str))
             print(f"wrote {args.out}")
     end_distributed()
     return results

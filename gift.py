@@ -3,17 +3,16 @@
     torchrun --nproc_per_node 8 gift.py --model LLaDA-8B-Instruct --data s1k.jsonl --lora   # the paper's recipes
     python gift.py                 # the embedded default: a tiny LLaDA learns 4x4 Sudoku on the CPU, then is evaluated
 
-The file reads in three parts:
+The file reads in two parts:
   Part I    GIFT, the paper: masking probabilities and weights (Theorem 1), the entropy pass (Algorithm 1), the
             objectives, the one loss (Algorithm 2). Tensors in, tensors out; only math and torch: copy it next to any
             LLaDA (ours, or the official Hugging Face one: `output_hidden_states=True` and its `ff_out` head).
-  Part II   Training: the options (`python gift.py --help`), the model on its devices, GIFT's passes besides the loss
-            (the entropy pass on the model, GIFT*'s frozen betas, betas reused for K epochs), one optimizer step
-            (`train_step`), the loop (`train`), whose bookkeeping is calls into Part III named for what they do, as
-            torchtitan's trainer calls its checkpointer.
-  Part III  Long-job machinery, not needed to understand GIFT: fingerprints, the output folder's lock, preemption,
-            status.json, checkpoints (a `CheckpointManager`: `restore` once, `step_done` after each step, `final`;
-            the `TrainState` it restores), the metrics log (`MetricsLog`), `banner`; then `main()`.
+  Part II   Training: GIFT's whole step once, plainly (`gift_loss`); the options (`python gift.py --help`), the model
+            on its devices, GIFT's passes besides the loss (the entropy pass on the model, GIFT*'s frozen betas, betas
+            reused for K epochs), one optimizer step (`train_step`), the loop (`train`), then `main()`. The loop's
+            bookkeeping is calls into longjob.py, as torchtitan's trainer calls its checkpointer.
+The long-job machinery (run folders, checkpoints, resume checks, preemption, status.json, locks, fingerprints, the
+metrics log) is longjob.py's. Imports, bottom to top: model.py and data.py; longjob.py; sample.py, eval.py, gift.py.
 
 Every objective in the paper is ONE estimator of the weighted loss of Theorem 1 (eq. 10):
 
@@ -28,7 +27,7 @@ answer positions times a per-token weight w_i. The objectives differ only in how
     sft        p                                        1 / p                          answer  eq. (1), LLaDA
     gift       t_i = 1 - (1 - p)^r_i, beta_i = H_i^0.5  1 / t_i                        masked  Thm 1, Alg. 1-2
     gift-elbo  t_i as in gift                           r_i (1 - p)^(r_i - 1) / t_i    answer  Thm 1 + Jacobian
-    gift-sw    p                                        H_i^0.5 / p                    answer  ablation, eq. (15)
+    gift-sw    p                                        beta_i / p, beta_i = H_i^0.5   answer  ablation, eq. (15)
     nll        t_i with beta_i = -log p(x0^i)           1 / t_i                        masked  ablation, eq. (13)
     cart       p                                        w_cart_i / p                   answer  ablation, eq. (16)
     gift-star  t_i with the INITIAL model's betas       1 / t_i                        masked  Appendix "GIFT*"
@@ -75,10 +74,15 @@ def uniforms(shape, generator, device, dtype=None):
 # Masking probabilities p_i (B, L), 0 on prompt positions: SFT's one rate, and Theorem 1's per-token rates
 
 
+def p_of_t(t, eps=EPS):
+    """LLaDA's map of the time t (B,) to SFT's masking probability p = (1 - eps) t + eps (B,): 1/p stays finite."""
+    return (1 - eps) * t + eps
+
+
 def sft_mask_probs(t, answer_mask, eps=EPS):
-    """LLaDA's SFT (eq. 1): every answer token is masked with p = (1 - eps) t + eps.
+    """LLaDA's SFT (eq. 1): every answer token is masked with p = p_of_t(t).
     t (B,), answer_mask (B, L) bool -> (B, L), 0 on the prompt."""
-    p = ((1 - eps) * t + eps)[:, None]  # (B, 1)
+    p = p_of_t(t, eps)[:, None]  # (B, 1)
     return torch.where(answer_mask, p, 0.0)
 
 
@@ -97,10 +101,10 @@ def gift_mask_probs(t, beta, answer_mask, eps=EPS):
     """Theorem 1: with the rate matrix Q of eq. (9) (token i jumps to [M] at rate beta_i) and the schedule
     fbar(t) = -log(1 - t) / beta_ref, token i is masked at time t with probability
         t_i = 1 - exp(-beta_i fbar(t)) = 1 - (1 - t)^(beta_i / beta_ref)     (Algorithm 2, "t_i <- ...")
-    after t is mapped to p = (1 - eps) t + eps as in SFT. Computed as -expm1(r log1p(-p)) (no cancellation for
+    after t is mapped to p = p_of_t(t) as in SFT. Computed as -expm1(r log1p(-p)) (no cancellation for
     small t) and clamped to [eps, 1] so that a token with beta ~ 0 cannot produce a 1/t_i blow-up.
     t (B,), beta (B, L), answer_mask (B, L) bool -> (B, L), 0 on the prompt."""
-    p = (1 - eps) * t + eps  # (B,)
+    p = p_of_t(t, eps)  # (B,)
     r = beta_ratios(beta, answer_mask)  # (B, L)
     t_i = (-torch.expm1(r * torch.log1p(-p)[:, None])).clamp(eps, 1)
     return torch.where(answer_mask, t_i, 0.0)
@@ -130,7 +134,7 @@ def gift_elbo_jacobian(t, beta, answer_mask, eps=EPS):
     `gift-elbo` multiplies it in, which makes sum_i E_t[1[masked_i] r_i (1-t)^(r_i-1) / t_i * -log p] the exact
     negative ELBO of the forward process with per-token rates beta_i (integrable: r_i - 1 > -1). Where t_i hits
     the eps clamp the factor is that of the unclamped t_i (a negligible O(eps) difference). (B, L), 0 off the answer."""
-    p = (1 - eps) * t + eps  # (B,)
+    p = p_of_t(t, eps)  # (B,)
     r = beta_ratios(beta, answer_mask)  # (B, L)
     jac = r * torch.exp((r - 1) * torch.log1p(-p)[:, None])
     return torch.where(answer_mask, jac, 0.0)
@@ -198,7 +202,7 @@ def entropy_betas(H, answer_mask, power=BETA_POWER):
 
 
 def sft_objective(t, u, beta, answer_mask, eps):
-    """eq. (1): p_i = p = (1 - eps) t + eps, w_i = 1 / p."""
+    """eq. (1): p_i = p = p_of_t(t), w_i = 1 / p."""
     p = sft_mask_probs(t, answer_mask, eps)
     return p, importance_weights(p, answer_mask)
 
@@ -321,6 +325,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import io
 import json
 import math
 import os
@@ -332,16 +337,41 @@ from pathlib import Path
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data import (EMBEDDED_EVAL, FORMATS, check_chat_tokens, data_fingerprint, describe_embedded, embedded_task,
-                  load_dataset, load_tokenizer, special_ids, tiny_config_for)
-from longjob import (CheckpointManager, EXPORTED, Export, MetricsLog, RunError, all_reduce, banner, barrier,
-                     compute_device, compute_dtype, describe_data, end_distributed, folder_fingerprint, gather_objects,
-                     is_rank0, is_sharded, load_weights, not_a_model_folder, parse_dataclass_flags, print0,
-                     run_command_line, run_folder, setup_distributed, tensors_fingerprint, unwrap, write_results)
-from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, add_lora, atomic_write_text, check_config_against_weights,
-                   load_weight_rows, lora_disabled, lora_layers, shift_right, stored_dtype)
+from data import (EMBEDDED_EVAL, FORMATS, data_fingerprint, describe_embedded, embedded_task, load_dataset,
+                  load_tokenizer, special_ids, tiny_config_for)
+from longjob import (DTYPES, EXPORTED, SEED_RULE, SEEDS, CheckpointManager, Export, MetricsLog, RunError, all_reduce,
+                     banner, barrier, compute_device, compute_dtype, describe_data, end_distributed, folder_fingerprint,
+                     gather_objects, is_rank0, is_sharded, load_weights, mixed_seed, not_a_model_folder,
+                     parse_dataclass_flags, print0, rank_and_world, run_command_line, run_folder, setup_distributed,
+                     tensors_fingerprint, write_results)
+from model import (GENERATION_DEFAULTS, LINEARS, LORA, LORA_TARGETS, LLaDA, LLaDAConfig, add_lora, atomic_write_text,
+                   check_config_against_weights, load_weight_rows, lora_disabled, lora_layers, shift_right,
+                   stored_dtype, unwrap)
 
-DTYPES = ("auto", "bfloat16", "float32")
+# ---------------------------------------------------------------------------------------------------------------------
+# GIFT's step once, plainly: what train_step computes, for one batch on one process, in a dozen lines
+
+
+def gift_loss(model, input_ids, answer_mask, mask_id, generator=None, beta_power=BETA_POWER, eps=EPS):
+    """GIFT's loss for a batch (Algorithms 1-2), to backpropagate. model: a callable, ids (B, L) -> logits (B, L, V),
+    each position's logits predicting its own token (Dream's shifted first: predicting_hidden). train_step computes
+    the same number (tests/test_gift_loss.py), with the logits chunked, at the masked positions only, and the masked
+    count summed over every micro-batch and rank. SFT instead divides each row by its answer length (norm "answer")."""
+    # Algorithm 1: the whole answer masked, one no-grad pass, the entropy H_i at each answer position
+    with torch.no_grad():
+        logp = F.log_softmax(model(mask_answer(input_ids, answer_mask, mask_id)).float(), dim=-1)  # (B, L, V)
+        beta = entropy_betas(-(logp.exp() * logp).sum(-1), answer_mask, beta_power)  # (B, L) beta_i = H_i^0.5
+    # Algorithm 2: t ~ U(0, 1) per row, t_i = 1 - (1 - t)^(beta_i / beta_ref), each answer token masked w.p. t_i
+    t = uniforms((len(input_ids),), generator, input_ids.device)  # (B,)
+    u = uniforms(input_ids.shape, generator, input_ids.device)  # (B, L)
+    t_i = gift_mask_probs(t, beta, answer_mask, eps)  # (B, L)
+    noisy_ids = mask_tokens(input_ids, t_i, u, mask_id)
+    masked = (noisy_ids == mask_id) & answer_mask  # (B, L)
+    # the cross-entropy at the masked answer tokens, weighted 1 / t_i, over the number of masked tokens
+    ce = F.cross_entropy(model(noisy_ids)[masked].float(), input_ids[masked], reduction="none")  # (N,)
+    return (ce / t_i[masked]).sum() / masked.sum().clamp_min(1)
+
+
 LOSS_ALIASES = {"dream": "cart"}  # the paper's name for eq. (16)'s ablation (Dream's CART weights), read as cart
 
 
@@ -358,17 +388,19 @@ class TrainOptions:
                                                 "paper's name for cart)", "choices": LOSSES + tuple(LOSS_ALIASES)})
     norm: str = field(default="", metadata={"help": "loss normalisation; empty = the objective's default",
                                             "choices": ("", "answer", "masked")})
-    beta_power: float = field(default=0.5, metadata={"help": "beta_i = H_i^power (0.5 = paper; 1.0 = raw entropy)"})
+    beta_power: float = field(default=BETA_POWER, metadata={"help": "beta_i = H_i^power (0.5 = paper; 1.0 = raw "
+                                                            "entropy)"})
     beta_refresh_epochs: int = field(default=1, metadata={"help": "entropy-pass objectives: an example's betas are "
                                                           "reused for this many epochs (1 = the paper: every visit; "
                                                           "0 = never recomputed)"})
-    eps: float = field(default=1e-3, metadata={"help": "t -> (1 - eps) t + eps, as LLaDA"})
+    eps: float = field(default=EPS, metadata={"help": "the floor on the masking probability: t -> (1 - eps) t + "
+                                             "eps, as LLaDA (p_of_t)"})
     # LoRA (DDP) or full fine-tuning (FSDP2)
     lora: bool = field(default=False, metadata={"help": "LoRA fine-tuning (DDP); default full (FSDP2)"})
-    lora_r: int = field(default=128, metadata={"help": "LoRA rank"})
-    lora_alpha: float = field(default=256.0, metadata={"help": "LoRA alpha (scale alpha / r)"})
-    lora_dropout: float = field(default=0.05, metadata={"help": "LoRA dropout"})
-    lora_targets: str = field(default="q_proj,k_proj,v_proj", metadata={"help": "comma-separated block linears "
+    lora_r: int = field(default=LORA["r"], metadata={"help": "LoRA rank"})
+    lora_alpha: float = field(default=LORA["alpha"], metadata={"help": "LoRA alpha (scale alpha / r)"})
+    lora_dropout: float = field(default=LORA["dropout"], metadata={"help": "LoRA dropout"})
+    lora_targets: str = field(default=",".join(LORA_TARGETS), metadata={"help": "comma-separated block linears "
                                                                           "(ff_out also adapts the LM head, as PEFT)"})
     # how the processes hold the model
     parallel: str = field(default="", metadata={"help": "ddp: every process holds the whole model (LoRA only); fsdp: "
@@ -476,7 +508,7 @@ def check_options(opts, error):
         "grad_clip": (0 <= opts.grad_clip < math.inf, "0 (off) or a finite positive norm"),
         "warmup_steps": (opts.warmup_steps >= 0, "0 (none) or more"),
         "max_len": (opts.max_len >= 2, "at least 2 (a prompt token and an answer token)"),
-        "seed": (0 <= opts.seed < 1_000_000, "in [0, 1000000) (each example's noise is seeded from it)"),
+        "seed": (opts.seed in SEEDS, SEED_RULE.removeprefix("must be ")),
     }
     for name, (fine, what) in ranges.items():
         if not fine:
@@ -485,11 +517,9 @@ def check_options(opts, error):
         print("warning: --lr 0: the weights will not change", file=sys.stderr)
     if not 0 <= opts.eps < 1:
         error(f"--eps {opts.eps}: must be in [0, 1) (t -> (1 - eps) t + eps)")
-    linears = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out",  # LLaDA's names
-               "o_proj", "gate_proj", "down_proj", "lm_head")  # and Dream's (Qwen's) for the others
-    unknown = [t for t in opts.lora_targets.split(",") if t not in linears]
+    unknown = [t for t in opts.lora_targets.split(",") if t not in LINEARS]
     if opts.lora and unknown:
-        error(f"--lora-targets: {unknown} not among the linears {', '.join(linears)} (LLaDA's or Dream's names)")
+        error(f"--lora-targets: {unknown} not among the linears {', '.join(LINEARS)} (LLaDA's or Dream's names)")
     if opts.data and not opts.model:
         error("--data needs --model (without --model the built-in Sudoku task trains and --data is unused)")
     if opts.lora and not opts.model:
@@ -521,9 +551,9 @@ FSDP_ONE_GROUP_MAX_PARAMS = 10_000_000  # FSDP2 shards a model up to this size a
 
 
 def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=False, seed=0, parallel=""):
-    """lora=None: full fine-tuning; float32 master weights, sharded with FSDP2 (fsdp_shard) over `world` > 1
-    processes, computing in `dtype`. A model built on the meta device is sharded there, then given empty storage on
-    `device` (the host with "fsdp-offload"): fill it with model.load_weight_rows (each rank reads only its rows).
+    """lora=None: full fine-tuning; float32 master weights, FSDP2-sharded (fsdp_shard) over `world` > 1 processes,
+    computing in `dtype`; a meta-device model is sharded, then given empty storage on `device` (the host with
+    "fsdp-offload") for model.load_weight_rows to fill (each rank its rows).
     lora=dict(r=, alpha=, dropout=, targets=): float32 adapters (A initialised from `seed`) on a frozen base in
     `dtype`, replicated with DDP over `world` > 1 processes, or with parallel="fsdp" sharded by FSDP2.
     parallel="fsdp-offload" (--cpu-offload): FSDP2 keeps the shards, their gradients and AdamW's states on the host,
@@ -551,14 +581,15 @@ def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=
     return model
 
 
-def fsdp_shard(model, device, param_dtype, cpu_offload=False, one_group_max=FSDP_ONE_GROUP_MAX_PARAMS):
+def fsdp_shard(model, device, param_dtype, cpu_offload=False, one_group_max=None):
     """FSDP2 over every process (fully_shard), in place: one group per block (one block's parameters are whole at a
-    time: an 8B model never is), then the root; a model of at most `one_group_max` parameters is one group (one
-    all-gather and one reduce-scatter a step). param_dtype: what the gathered parameters compute in (None: each its
-    own); gradients are reduced in float32."""
+    time: an 8B model never is), then the root; a model of at most `one_group_max` parameters (None:
+    FSDP_ONE_GROUP_MAX_PARAMS) is one group (one all-gather and one reduce-scatter a step). param_dtype: what the
+    gathered parameters compute in (None: each its own); gradients are reduced in float32."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
+    one_group_max = FSDP_ONE_GROUP_MAX_PARAMS if one_group_max is None else one_group_max  # read at each call
     if sum(p.numel() for p in model.parameters()) > one_group_max:
         for block in model.model.transformer.blocks:
             fully_shard(block, mp_policy=mp, offload_policy=offload)
@@ -592,16 +623,16 @@ def first_pass_betas(model, betas_from, input_ids, answer_mask, mask_id, beta_po
     """Algorithm 1 on our model: the betas of the no-grad first pass (dropout off), (B, L) float32. betas_from
     (OBJECTIVES' second column): "entropy" = H_i^beta_power, "nll" = -log p(x0^i), "initial" = the entropy betas of the
     initial model (under LoRA: the adapters disabled; full fine-tuning: gift_star_betas, computed once)."""
-    core = unwrap(model)
-    if betas_from == "initial" and not lora_layers(core):
+    module = unwrap(model)
+    if betas_from == "initial" and not lora_layers(module):
         raise ValueError("gift.py first_pass_betas: gift-star needs the initial model's betas, but this model has no "
                          "LoRA adapters to disable; with full fine-tuning give MicroBatch.precomputed_betas")
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), lora_disabled(core) if betas_from == "initial" else contextlib.nullcontext():
+        with torch.no_grad(), lora_disabled(module) if betas_from == "initial" else contextlib.nullcontext():
             hidden = predicting_hidden(model, mask_answer(input_ids, answer_mask, mask_id))  # (B, L, D)
-            H, nll = answer_entropy_and_nll(hidden, core.head, input_ids, answer_mask, chunk_size)
+            H, nll = answer_entropy_and_nll(hidden, module.head, input_ids, answer_mask, chunk_size)
     finally:
         model.train(was_training)
     return nll if betas_from == "nll" else entropy_betas(H, answer_mask, beta_power)
@@ -635,7 +666,7 @@ def gift_star_betas(model, inputs, path, pad_to, batch_size, beta_power, device,
             print0(f"{path}: computed for other data, another base model or other settings; recomputing")
         except Exception as e:  # a damaged file: the betas are recomputed from the initial model, which is still here
             print0(f"{path} is unreadable ({type(e).__name__}: {e}); recomputing it")
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    rank, world = rank_and_world()
     mine = list(range(rank, len(examples), world))
     padded = mine + [0] * (math.ceil(len(examples) / world) - len(mine))  # equal batches: FSDP2's forward is collective
     with autocast:
@@ -646,8 +677,9 @@ def gift_star_betas(model, inputs, path, pad_to, batch_size, beta_power, device,
     for r, part_r in enumerate(gather_objects(part[:len(mine)])):
         betas[r::world] = part_r
     if is_rank0():
-        torch.save({"key": key, "betas": betas}, path.with_suffix(".tmp"))
-        os.replace(path.with_suffix(".tmp"), path)
+        saved = io.BytesIO()
+        torch.save({"key": key, "betas": betas}, saved)
+        atomic_write_text(path, saved.getvalue())
     return betas
 
 
@@ -730,8 +762,9 @@ class MicroBatch:
 
 
 @dataclass
-class Loss:
-    """What train_step minimises: --loss, --norm ("": the objective's own, DEFAULT_NORM), --eps and --beta-power."""
+class Objective:
+    """The settings of what train_step minimises: --loss, --norm ("": the objective's own, DEFAULT_NORM), --eps and
+    --beta-power."""
     name: str
     norm: str = ""
     eps: float = EPS
@@ -739,14 +772,14 @@ class Loss:
 
 
 def train_step(model, optimizer, micro_batches, objective, grad_clip=1.0, autocast=contextlib.nullcontext()):
-    """One optimizer step of Algorithm 2 on a global batch (each rank passes its own MicroBatches). objective: a Loss,
-    or an objective's name. Returns a dict: loss (of the whole batch), grad_norm (before clipping), stepped (False when
-    either is not finite: the update is skipped), and the COUNTS summed over micro-batches and ranks."""
-    objective = Loss(objective) if isinstance(objective, str) else objective
+    """One optimizer step of Algorithm 2 on a global batch (each rank passes its own MicroBatches). objective: an
+    Objective, or an objective's name. Returns a dict: loss (of the whole batch), grad_norm (before clipping), stepped
+    (False when either is not finite: the update is skipped), and the COUNTS summed over micro-batches and ranks."""
+    objective = Objective(objective) if isinstance(objective, str) else objective
     loss_name, eps, beta_power = objective.name, objective.eps, objective.beta_power
     world = dist.get_world_size() if dist.is_initialized() else 1
-    core = unwrap(model)
-    mask_id, device = core.config.mask_token_id, micro_batches[0].input_ids.device
+    module = unwrap(model)
+    mask_id, device = module.config.mask_token_id, micro_batches[0].input_ids.device
     params = [p for p in model.parameters() if p.requires_grad]
     betas_from, norm = OBJECTIVES[loss_name][1], objective.norm or DEFAULT_NORM[loss_name]
 
@@ -771,7 +804,7 @@ def train_step(model, optimizer, micro_batches, objective, grad_clip=1.0, autoca
     for j, mb in enumerate(micro_batches):
         with gradient_sync(model, enabled=j == len(micro_batches) - 1), autocast:
             hidden = predicting_hidden(model, mb.noisy_ids)  # (B, L, D)
-            loss = diffusion_loss(hidden, core.head, mb.input_ids, mb.noisy_ids, mb.weight, mb.answer_mask, mask_id,
+            loss = diffusion_loss(hidden, module.head, mb.input_ids, mb.noisy_ids, mb.weight, mb.answer_mask, mask_id,
                                   norm, denominator)
             (loss * world).backward()
         loss_sum += float(loss.detach())
@@ -818,7 +851,7 @@ def step_counts(micro_batches, mask_id):
 def train(opts, preemption):
     """The whole run on every rank, in the folder main claimed: set-up, resume, then one optimizer step per iteration
     and its bookkeeping. Returns (the trained model, the run's RunInputs, the last checkpoint's folder)."""
-    rank, world, device = setup_distributed()
+    rank, world, device = setup_distributed(group_of_one=opts.cpu_offload)  # FSDP2 needs a group, even of one
     dtype = compute_dtype(opts.dtype, device)  # auto: bf16 on a GPU, float32 on the CPU
     # bf16: autocast on the CPU as on a GPU (one code path); norms, softmax and losses stay float32
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16
@@ -829,9 +862,6 @@ def train(opts, preemption):
     checkpoints = CheckpointManager(opts, world, inputs, preemption, aliases=dict(loss=LOSS_ALIASES))
     lora = (dict(r=opts.lora_r, alpha=opts.lora_alpha, dropout=opts.lora_dropout,
                  targets=tuple(opts.lora_targets.split(","))) if opts.lora else None)
-    if opts.cpu_offload and not dist.is_initialized():  # FSDP2 needs a process group, even of one process
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
-                                world_size=1, device_id=device if device.type == "cuda" else None)
     model = wrap_model(inputs.model, device, dtype, world, lora, opts.activation_checkpointing, opts.seed,
                        parallel_of(opts) + ("-offload" if opts.cpu_offload else ""))
     if opts.model and not opts.lora:
@@ -870,7 +900,7 @@ def train(opts, preemption):
             mb.precomputed_betas = precomputed_betas[mb.indices, :mb.input_ids.shape[1]].to(device)
         if beta_cache:
             beta_cache.attach(micro_batches, state.epoch)
-        result = train_step(model, optimizer, micro_batches, Loss(opts.loss, opts.norm, opts.eps, opts.beta_power),
+        result = train_step(model, optimizer, micro_batches, Objective(opts.loss, opts.norm, opts.eps, opts.beta_power),
                             opts.grad_clip, autocast)
         scheduler.step()
         if beta_cache:
@@ -911,10 +941,10 @@ def load_inputs(opts, rank, dtype):
         opts.max_len = config.max_sequence_length
     # the data, before the model: a bad row fails in seconds
     tokenizer = load_tokenizer(opts.model)
-    check_chat_tokens(tokenizer, opts.model)  # as sample.py and eval.py
+    pad_id = special_ids(tokenizer, config, opts.model).pad  # the chat tokens checked, as sample.py and eval.py
     examples, stats = load_dataset(opts.data, tokenizer, fmt=opts.data_format, max_len=opts.max_len,
                                    skip_bad_rows=opts.skip_bad_rows)
-    pad_id, data = special_ids(tokenizer, config).pad, dict(data=data_fingerprint(examples), examples=len(examples))
+    data = dict(data=data_fingerprint(examples), examples=len(examples))
     print0(describe_data(stats))
     # the model, and what checkpoints record of it
     if opts.lora:
@@ -1003,7 +1033,7 @@ def collate(examples, pad_id, pad_to=None):
 
 def epoch_order(n, epoch, seed):
     """A fresh permutation of range(n) for each epoch, the same on every rank (every rank holds the dataset)."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    generator = torch.Generator().manual_seed(mixed_seed(seed, epoch))
     return torch.randperm(n, generator=generator).tolist()
 
 
@@ -1041,7 +1071,7 @@ def epoch_batches(n_examples, epoch, seed, global_batch):
 
 def example_generator(seed, epoch, index, device):
     """Example `index`'s noise in `epoch` (its t and its mask), from its own seed: the same for any batch layout."""
-    return torch.Generator(device=device).manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
+    return torch.Generator(device=device).manual_seed(mixed_seed(seed, epoch) * 10_000_019 + index)
 
 
 @dataclass

@@ -1,16 +1,8 @@
 """The long-job machinery of gift.py, sample.py and eval.py, which a reader of the algorithm never needs: what lets an
 8-GPU run go on for hours, stop at any moment and continue exactly (docs/long_runs.md says what it guarantees).
-
-  Processes      torchrun's ranks, rank 0's prints, the collectives (each a no-op for one process)
-  Command lines  flags from a dataclass, --dtype, a user's mistake in one line (run_command_line)
-  Fingerprints   of the base model, the data and the weights: --resume, eval.py and --adapter refuse others
-  Run folders    one run per folder (a lock), what a run may replace or delete, status.json, preemption signals
-  Checkpoints    TrainState and the CheckpointManager the loop calls (restore once, step_done each step, final); the
-                 write / read / rotation of step-N folders; the restricted unpickler; the checks before a resume
-  Metrics        metrics.jsonl and its printed line (MetricsLog), W&B, the banner, the embedded run's results.json
-  eval.py        its summary file and streamed records, resumable
-
-Imports: model.py and data.py only (nothing above it: it is handed names and callables, never imports the trainer).
+Its sections: processes (ranks, collectives), command lines, fingerprints, what a path names, the output folder
+(lock, status.json, preemption), checkpoints (TrainState, CheckpointManager), the metrics log, eval.py's records.
+It imports model.py and data.py only: it is handed names and callables, and never imports the trainer.
 """
 
 import contextlib
@@ -46,32 +38,43 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
-from data import EMBEDDED_EVAL, make_char_tokenizer
+from data import EMBEDDED_EVAL, SUDOKU_TASK_PROMPT, make_char_tokenizer
 from model import (GENERATION_DEFAULTS, LLaDA, atomic_write_text, load_adapter, merge_lora, merged_state_dict,
-                   read_adapter_config, save_adapter, weight_files)
+                   read_adapter_config, read_json, save_adapter, unwrap, weight_files)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Processes: torchrun's ranks, rank 0's prints and the collectives a step needs, each a no-op for one process
 
 
-def setup_distributed():
-    """(rank, world size, device) from torchrun's environment; the process group is started when world > 1 (NCCL on
-    GPUs, gloo on the CPU). One process works without torchrun."""
+def setup_distributed(group_of_one=False):
+    """(rank, world size, device) from torchrun's environment, or one process without it; the process group (NCCL on
+    GPUs, gloo on the CPU) starts when world > 1, or for one process with `group_of_one` (FSDP2's --cpu-offload)."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank, cuda = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.is_available()
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    if world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    if (world > 1 or group_of_one) and not torch.distributed.is_initialized():  # one process: a group of its own
+        alone = {} if world > 1 else dict(store=torch.distributed.HashStore(), rank=0, world_size=1)
+        torch.distributed.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None, **alone)
     return rank, world, device
 
 
+SEED_MIX = 1_000_003  # a prime: seed * SEED_MIX + n seeds draw stream n (an epoch, an item) under a user's seed
+# Every command line's seed rule: seeds derived (largest: mixed_seed(seed, epoch) * 10_000_019 + index) fit in 64 bits
+SEEDS = range(1_000_000)
+SEED_RULE = "must be in [0, 1000000) (every generator seed derived from it fits in 64 bits)"
+
+
+def mixed_seed(seed, n):
+    """The generator seed of draw stream `n` (an epoch's order, an eval item's noise) under a user's `seed`."""
+    return seed * SEED_MIX + n
+
+
 def end_distributed():
-    """Tear the process group down once every rank is done with every collective. gloo's worker threads drop their
-    last work's tensors after the collective returns, which needs the GIL; destroying the group joins those threads
-    while holding it: a deadlock (torch 2.13 on CPU). Sleeping releases the GIL and lets them finish first."""
+    """Tear the process group down once every rank is done with every collective. The sleep releases the GIL for gloo's
+    threads to drop their last tensors: destroying the group joins them holding it, a deadlock (torch 2.13 on CPU)."""
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
         time.sleep(0.2)
@@ -136,11 +139,6 @@ def rank_and_world():
     return (dist.get_rank(), dist.get_world_size()) if dist.is_available() and dist.is_initialized() else (0, 1)
 
 
-def unwrap(model):
-    """The model itself: DDP keeps it in .module (FSDP2 does not wrap)."""
-    return getattr(model, "module", model)
-
-
 def compute_device(model):
     """The device the model computes on: its parameters', or under --cpu-offload (parameters on the host) the GPU."""
     device = next(model.parameters()).device
@@ -165,12 +163,11 @@ class RunError(RuntimeError):
 
 def run_command_line(main, name, rank0_only=False, errors=(ValueError, OSError)):
     """main() for `python <name>`: a user's mistake (one of `errors`: a flag, a file, a folder, a data row, a prompt)
-    ends in one line on stderr, "<name>: error: ...", and exit status 1, not a traceback (tracebacks are for bugs).
-    rank0_only: only rank 0 prints it (every rank of a torchrun job meets the same mistake)."""
+    ends in one line, "<name>: error: ..." on stderr, exit status 1 (tracebacks are for bugs); rank0_only: rank 0's."""
     try:
         main()
     except errors as e:
-        if not rank0_only or not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        if not rank0_only or is_rank0():
             print(f"{name}: error: {e}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt as e:  # Ctrl-C: one line, and the shell's status for SIGINT
@@ -179,8 +176,7 @@ def run_command_line(main, name, rank0_only=False, errors=(ValueError, OSError))
 
 
 def parse_dataclass_flags(parser, cls, argv=None):
-    """add_dataclass_flags, then parse (unknown flags are an error). Returns the fields given on the command line
-    (a flag given as 0 is given)."""
+    """add_dataclass_flags, then parse (unknown flags are an error): the fields given (a flag given as 0 is given)."""
     add_dataclass_flags(parser, cls)
     return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
 
@@ -198,6 +194,23 @@ def add_dataclass_flags(parser, cls):
                                 help=f"{f.metadata['help']} (default {f.default!r})")
 
 
+DTYPES = ("auto", "bfloat16", "float32")  # --dtype's choices (+ float64 where a check wants it: the harness)
+
+
+def add_model_flags(parser):
+    """--model and --adapter, as sample.py and eval.py take them (find_model: a run or checkpoint finds its model)."""
+    parser.add_argument("--model", required=True, help="model folder (config.json, safetensors, tokenizer.json), or "
+                        "what gift.py printed: a checkpoint or run folder")
+    parser.add_argument("--adapter", default=None, help="LoRA adapter folder (adapter_config.json, "
+                        "adapter_model.safetensors), merged before sampling")
+
+
+def add_dtype_flag(parser, choices=DTYPES):
+    """--dtype, as every command line takes it (gift.py's is TrainOptions.dtype, with these choices)."""
+    parser.add_argument("--dtype", choices=choices, default="auto",
+                        help="compute dtype of the weights (auto: bfloat16 on a GPU, float32 on the CPU)")
+
+
 def compute_dtype(name, device):
     """A --dtype flag's value as a torch dtype: auto is bfloat16 on a GPU, float32 on the CPU."""
     if name == "auto":
@@ -206,33 +219,35 @@ def compute_dtype(name, device):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# Fingerprints: short sha256 prefixes that tell a changed base model or data apart
-
-
-# Fingerprints: short sha256 prefixes that tell a changed base model apart (gift.py's checkpoints record them; --resume
+# Fingerprints: short sha256 prefixes that tell a changed base model or data apart (checkpoints record them; --resume
 # refuses another base). Whole-file hashes of weight files are cached in memory and in this file (file_sha256):
 WEIGHT_HASH_CACHE = Path(os.environ.get("GIFT_CACHE_DIR") or Path.home() / ".cache" / "gift") / "weight_hashes.json"
-
-
 WEIGHT_HASH_CACHE_SIZE = 4096  # entries kept (a few hundred bytes each)
-
-
 RACY_SECONDS = 2  # a file changed this recently may change again within the same timestamp: hashed, not cached
-
-
-_weight_hashes = {}
+_weight_hashes = {}  # this process's
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt")  # a fast tokenizer, or a slow one's two files
 
 
 def folder_fingerprint(folder):
-    """sha256 of a Hugging Face folder's config.json, tokenizer (tokenizer.json, or a slow tokenizer's vocab.json and
-    merges.txt) and weights, every byte of them (hash_weights): a model re-merged or retrained into the same path is
-    another model for eval's resume, --resume and the adapter's base check."""
-    folder, h = Path(folder), hashlib.sha256()
-    tokenizer = ("tokenizer.json",) if (folder / "tokenizer.json").is_file() else ("vocab.json", "merges.txt")
-    for name in ("config.json",) + tokenizer:
-        if (folder / name).is_file():
-            h.update(name.encode() + (folder / name).read_bytes())
-    return hash_weights(h, folder).hexdigest()[:16]
+    """sha256 of a Hugging Face folder's config.json, tokenizer (TOKENIZER_FILES) and weights, every byte of them: a
+    model re-merged or retrained into the same path is another model for eval's resume, --resume and check_adapter."""
+    folder = Path(folder)
+    tokenizer = TOKENIZER_FILES[:1] if (folder / TOKENIZER_FILES[0]).is_file() else TOKENIZER_FILES[1:]
+    return hash_weights(hash_files(folder, ("config.json",) + tokenizer), folder).hexdigest()[:16]
+
+
+def adapter_fingerprint(folder):
+    """sha256 of an adapter's two files, every byte (small beside its base): another adapter at one path is another."""
+    return hash_files(folder, ("adapter_config.json", "adapter_model.safetensors"), missing_ok=False).hexdigest()[:16]
+
+
+def hash_files(folder, names, missing_ok=True):
+    """A sha256 fed each named file of `folder` (one missing is skipped, with missing_ok): its name, then its bytes."""
+    h = hashlib.sha256()
+    for name in names:
+        if not missing_ok or (Path(folder) / name).is_file():
+            h.update(name.encode() + (Path(folder) / name).read_bytes())
+    return h
 
 
 def hash_weights(h, folder):
@@ -243,14 +258,13 @@ def hash_weights(h, folder):
 
 
 def file_sha256(path):
-    """sha256 of a whole file, cached in memory and in WEIGHT_HASH_CACHE by its real path, size, inode and modification
-    and change times: LLaDA-8B's 16 GB are read once, not at every start. Any write to the file moves its change time
-    (ctime), which no user call can set back, so a changed byte is never missed; a file changed in the last
-    RACY_SECONDS is not cached (a write within the same coarse timestamp would not move it)."""
+    """sha256 of a whole file, cached in memory and in WEIGHT_HASH_CACHE by its real path, size, inode, mtime and ctime:
+    LLaDA-8B's 16 GB are read once, not at every start. Any write moves the ctime, which no user call can set back, so
+    no changed byte is missed; a file changed in the last RACY_SECONDS is not cached (its timestamp may not move)."""
     st = os.stat(path)
     key = f"{os.path.realpath(path)} {st.st_size} {st.st_ino} {st.st_mtime_ns} {st.st_ctime_ns}"
     if key not in _weight_hashes:
-        _weight_hashes.update(_read_hash_cache())
+        _weight_hashes.update(json_or_empty(WEIGHT_HASH_CACHE))  # none yet, or unreadable: hashed again
     if key in _weight_hashes:
         return _weight_hashes[key]
     h = hashlib.sha256()
@@ -259,23 +273,12 @@ def file_sha256(path):
             h.update(chunk)
     if time.time() - st.st_ctime_ns / 1e9 > RACY_SECONDS and os.stat(path).st_ctime_ns == st.st_ctime_ns:
         _weight_hashes[key] = h.hexdigest()
-        # the cache file is written whole under a name of its own, then renamed: processes hashing at the same time
-        # lose an entry at worst; a cache that cannot be written is only memory
-        cache = dict(list({**_read_hash_cache(), key: h.hexdigest()}.items())[-WEIGHT_HASH_CACHE_SIZE:])
-        tmp = WEIGHT_HASH_CACHE.with_name(f"{WEIGHT_HASH_CACHE.name}.{os.getpid()}.tmp")
+        # processes hashing at the same time lose an entry at worst; a cache that cannot be written is only memory
+        cache = dict(list({**json_or_empty(WEIGHT_HASH_CACHE), key: h.hexdigest()}.items())[-WEIGHT_HASH_CACHE_SIZE:])
         with contextlib.suppress(OSError):
             WEIGHT_HASH_CACHE.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(cache))
-            os.replace(tmp, WEIGHT_HASH_CACHE)
+            atomic_write_text(WEIGHT_HASH_CACHE, json.dumps(cache))
     return h.hexdigest()
-
-
-def _read_hash_cache():
-    try:
-        cache = json.loads(WEIGHT_HASH_CACHE.read_text())
-        return cache if isinstance(cache, dict) else {}
-    except (OSError, ValueError):  # none yet, or unreadable: hashed again
-        return {}
 
 
 def tensors_fingerprint(model):
@@ -287,17 +290,16 @@ def tensors_fingerprint(model):
 
 
 def file_fingerprints(folder):
-    """The base folder's fingerprint file by file, for --resume to name the file that changed: config.json and the
-    tokenizer by content (JSON canonically: a reformatted file is the same file), the weights whole."""
+    """The base folder's fingerprint file by file, for --resume to name the one that changed (JSON canonically)."""
     folder, prints = Path(folder), {}
-    for name in ("config.json", "tokenizer.json", "vocab.json", "merges.txt"):
+    for name in ("config.json",) + TOKENIZER_FILES:
         if (folder / name).is_file():
             data = (folder / name).read_bytes()
             if name.endswith(".json"):
                 with contextlib.suppress(ValueError):  # not JSON: its bytes
                     data = json.dumps(json.loads(data), sort_keys=True, separators=(",", ":")).encode()
             prints[name] = hashlib.sha256(data).hexdigest()[:16]
-    prints["weights"] = hash_weights(hashlib.sha256(), folder).hexdigest()[:16]  # as model.folder_fingerprint
+    prints["weights"] = hash_weights(hashlib.sha256(), folder).hexdigest()[:16]  # as folder_fingerprint
     return prints
 
 
@@ -313,13 +315,13 @@ def check_same_inputs(fingerprints):
 
 
 def check_adapter(folder, adapter):
-    """--adapter against the model folder, before either loads: a ValueError in one line for a gift.py checkpoint's
-    merged export given with its own adapter (it holds it already: it would be added twice), and for a gift.py
-    checkpoint's adapter on a base whose fingerprint (model.folder_fingerprint) is not the one its trainer.json
-    recorded at training time (another model, or the same path retrained)."""
+    """--adapter against the model folder, before either loads: a one-line ValueError for a gift.py checkpoint's merged
+    export given with its own adapter (added twice), or its adapter on a base of another fingerprint than trained on."""
     if not adapter:
         return
-    read_adapter_config(adapter)  # its fields, and a model folder given as --adapter, before any weight loads
+    if problem := adapter_problem(adapter):  # a model folder given as --adapter, a checkpoint, ...
+        raise FileNotFoundError(problem)
+    read_adapter_config(adapter)  # its fields, before any weight loads
     model_dir, adapter_dir = Path(folder).resolve(), Path(adapter).resolve()
     checkpoint = adapter_dir.parent  # a gift.py checkpoint: step-N/{adapter, merged, trainer.json}
     if model_dir.name == "merged" and model_dir.parent == checkpoint:
@@ -333,8 +335,7 @@ def check_adapter(folder, adapter):
         return  # not a gift.py checkpoint's adapter: nothing recorded to compare with
     if not base:
         return  # the embedded task's base exists only in memory (its fingerprint is of its tensors)
-    now = folder_fingerprint(folder)
-    if now != then:
+    if (now := folder_fingerprint(folder)) != then:
         raise ValueError(f"--adapter {adapter}: trained on a base model with fingerprint {then} "
                          f"({checkpoint / 'trainer.json'}), but {folder} has fingerprint {now}: another model "
                          "(replaced, or retrained into the same path); give the base it was trained on")
@@ -344,67 +345,90 @@ def check_adapter(folder, adapter):
 # What a path names: a model folder, a gift.py checkpoint or run folder, an adapter; loading it
 
 
-def find_model(path):
-    """What sample.py's or eval.py's --model names, as (model folder, adapter folder or None): a Hugging Face folder
-    (config.json), a gift.py checkpoint (checkpoints/step-N: its model/, or merged/, or adapter/ on the base folder
-    its adapter_config.json names), or a gift.py run folder (the checkpoint its `latest` file names)."""
+def folder_kind(path):
+    """What a folder is, by the files its writer leaves: "model" (config.json), "adapter" (adapter_config.json), "run"
+    (a gift.py run folder: `latest`), "checkpoint" (a gift.py step-N: model/, merged/ or adapter/), or None."""
     p = Path(path)
-    if (p / "latest").is_file() and not (p / "config.json").is_file():
+    if (p / "config.json").is_file():
+        return "model"
+    if (p / "adapter_config.json").is_file():
+        return "adapter"
+    if (p / "latest").is_file():
+        return "run"
+    if checkpoint_export(p) or (p / "adapter" / "adapter_config.json").is_file():
+        return "checkpoint"
+    return None
+
+
+def checkpoint_export(p):
+    """A gift.py checkpoint's Hugging Face folder, its model/ or merged/ (None: none, a LoRA run's adapter only)."""
+    return next((p / sub for sub in ("model", "merged") if (p / sub / "config.json").is_file()), None)
+
+
+def find_model(path):
+    """What sample.py's or eval.py's --model names, as (model folder, adapter folder or None): a model folder, a gift.py
+    checkpoint (its model/, merged/, or adapter/ on the base its adapter_config.json names), or a run (its `latest`)."""
+    p, kind = Path(path), folder_kind(path)
+    if kind == "run":
         named = (p / "latest").read_text().strip()
         if named and (Path(named).name != named or named in (".", "..")):  # gift.py writes a step-N name only
             raise FileNotFoundError(f"--model {path}: its `latest` file ({p / 'latest'}) names {named!r}, outside the "
                                     f"run folder's checkpoints/; give the checkpoint as --model {p}/checkpoints/step-N")
         if not named or not (p / "checkpoints" / named).is_dir():  # deleted or moved since
-            there = sorted(c.name for c in (p / "checkpoints").glob("step-*") if c.is_dir())
+            there = sorted(c.name for c in (p / "checkpoints").glob("step-*") if checkpoint_step(c.name) is not None)
             raise FileNotFoundError(f"--model {path}: its `latest` file names the checkpoint {named!r}, and "
                                     f"{p / 'checkpoints' / named} is missing (deleted or moved); the checkpoints "
                                     f"there: {', '.join(there) or 'none'}; give one as --model {p}/checkpoints/step-N")
-        p = p / "checkpoints" / named
-    if (p / "config.json").is_file():
+        p, kind = p / "checkpoints" / named, folder_kind(p / "checkpoints" / named)
+    if kind == "model":
         return p, None
-    for sub in ("model", "merged"):
-        if (p / sub / "config.json").is_file():
-            return p / sub, None
-    adapter = p / "adapter"
-    if (adapter / "adapter_config.json").is_file():
-        base = read_adapter_config(adapter).get("base_model_name_or_path") or ""
-        if (Path(base) / "config.json").is_file():
-            return Path(base), adapter
-        raise FileNotFoundError(f"{adapter} is a LoRA adapter on {base!r}, which is not a model folder here: give "
-                                f"--model BASE_FOLDER --adapter {adapter}")
-    if (p / "adapter_config.json").is_file():  # the adapter itself, not a checkpoint holding one
+    if kind == "adapter":  # the adapter itself, not a checkpoint holding one
         base = read_adapter_config(p).get("base_model_name_or_path") or "BASE_FOLDER"
         raise FileNotFoundError(f"--model {path}: a LoRA adapter folder (adapter_config.json), not a model; give "
                                 f"--model {base} --adapter {path}")
+    if kind == "checkpoint" and checkpoint_export(p):
+        return checkpoint_export(p), None
+    if kind == "checkpoint":
+        adapter = p / "adapter"
+        base = read_adapter_config(adapter).get("base_model_name_or_path") or ""
+        if folder_kind(base) == "model":
+            return Path(base), adapter
+        raise FileNotFoundError(f"{adapter} is a LoRA adapter on {base!r}, which is not a model folder here: give "
+                                f"--model BASE_FOLDER --adapter {adapter}")
     raise FileNotFoundError(f"--model {path}: not a model folder (no config.json), nor a gift.py checkpoint (with "
                             "model/, merged/ or adapter/) or run folder (with a `latest` file)")
 
 
 def not_a_model_folder(path):
-    """Why `path` cannot be given as a base model folder (gift.py's --model, which takes no run or adapter), saying
-    what to give instead; None for a model folder (config.json), or a path of no known kind."""
-    p = Path(path)
-    if (p / "config.json").is_file():
-        return None
-    if (p / "adapter_config.json").is_file():
+    """Why `path` cannot be gift.py's --model (a base model folder), saying what to give instead; None if it can."""
+    p, kind = Path(path), folder_kind(path)
+    if kind == "adapter":
         return ("a LoRA adapter folder (adapter_config.json), not a model: give the base it was trained on as --model "
                 "(its adapter_config.json names it), or merge it first")
-    if (p / "latest").is_file():
+    if kind == "run":
         return (f"a gift.py run folder, not a model: continue that run with --resume --out {path}, or give one of its "
                 "checkpoints' model/ or merged/ folders as --model")
-    for sub in ("model", "merged"):
-        if (p / sub / "config.json").is_file():
-            return f"a gift.py checkpoint, not a model folder: give --model {p / sub}"
-    if (p / "adapter" / "adapter_config.json").is_file():
+    if kind == "checkpoint" and checkpoint_export(p):
+        return f"a gift.py checkpoint, not a model folder: give --model {checkpoint_export(p)}"
+    if kind == "checkpoint":
         return ("a gift.py checkpoint of a LoRA run (adapter/ only): give the base model as --model, or export "
                 "merged/ with --save-merged")
-    return None  # a folder of no known kind (or none): the loader says what is missing
+    return None  # a model folder, or a folder of no known kind (or none): the loader says what is missing
+
+
+def adapter_problem(path):
+    """Why `path` cannot be given as --adapter, saying what to give instead; None for an adapter folder."""
+    if (kind := folder_kind(path)) == "adapter":
+        return None
+    hint = {"model": f"it is a model folder (config.json): give it as --model {path}",
+            "checkpoint": f"it is a gift.py checkpoint: give --adapter {Path(path) / 'adapter'}"}.get(
+        kind, "a LoRA adapter folder holds adapter_config.json and adapter_model.safetensors")
+    return f"--adapter {path}: no adapter_config.json; {hint}"
 
 
 @contextlib.contextmanager
 def loading(*folders):
-    """Reading the model folders (and adapter): an error because one of them disappeared meanwhile (a running gift.py
-    keeps only its last --keep-last checkpoints, rotating older ones away) is said in one line."""
+    """Reading model folders: an error because one disappeared meanwhile (a running gift.py's rotation) in one line."""
     try:
         yield
     except (OSError, ValueError):
@@ -417,9 +441,8 @@ def loading(*folders):
 
 
 def load_weights(folder, adapter=None, dtype=None, device=None, merge=False):
-    """The one way gift.py, sample.py and eval.py load a model: LLaDA.from_pretrained(folder) (the folder find_model
-    gives), then the adapter (load_adapter), merged into the base with `merge` (eval.py: one weight per layer, faster
-    sampling, the same function); inside loading(), so a checkpoint rotated away meanwhile is said as such."""
+    """The one way gift.py, sample.py and eval.py load a model: LLaDA.from_pretrained(folder) (find_model's), then the
+    adapter, merged into it with `merge` (eval.py: one weight per layer, faster sampling); inside loading()."""
     with loading(folder, adapter):
         model = LLaDA.from_pretrained(folder, dtype=dtype, device=device)
         if adapter:
@@ -434,10 +457,8 @@ def load_weights(folder, adapter=None, dtype=None, device=None, merge=False):
 
 
 def lock_file(path):
-    """An exclusive flock on `path`, held while the returned file stays open: the kernel drops it when the process
-    ends, however it ends (kill -9 included), so a crashed job never leaves it locked. Returns (the open file, None),
-    or (None, who holds it) when another process does. A file system without locks (some network mounts): a warning,
-    and the job goes on unprotected."""
+    """An exclusive flock on `path` while the returned file stays open (the kernel drops it however the process ends,
+    kill -9 included): (the open file, None), or (None, its holder). No locks there (network mounts): only a warning."""
     lock = open(path, "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -456,31 +477,33 @@ def lock_file(path):
 
 
 WANDB_ID = "wandb_run_id"  # <out>/wandb_run_id: the W&B run this output folder logs to (--wandb-project)
-
-
 RUN_FILES = ("checkpoints", "latest", "metrics.jsonl", "ref_betas.pt", WANDB_ID, "wandb")  # what a run writes
+CHECKPOINT_NAME = re.compile(r"step-(\d{7})(\.tmp)?")  # checkpoints/step-N (N in 7 digits), .tmp while written
 
 
-CHECKPOINT_NAME = re.compile(r"step-(\d{7})(\.tmp)?")
+def checkpoint_name(step):
+    """The folder name of step `step`'s checkpoint."""
+    return f"step-{step:07d}"
 
 
-# what an exported model folder needs from the base folder besides its config and weights (the tokenizer, generation
-# settings, held-out puzzles, the official code trust_remote_code runs), and only that: not a 16 GB pytorch_model.bin
+def checkpoint_step(name):
+    """N of a finished checkpoint's folder name step-N; None for any other name (a .tmp one included)."""
+    m = CHECKPOINT_NAME.fullmatch(name)
+    return int(m.group(1)) if m and not m.group(2) else None
+
+
+# the base folder's files an exported model folder needs besides its config and weights: not a 16 GB pytorch_model.bin
 EXPORTED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
             "added_tokens.json", "chat_template.jinja", "generation_config.json", GENERATION_DEFAULTS, "modeling_*.py",
             EMBEDDED_EVAL["test_data"], "configuration_*.py", "generation_utils.py", "tokenization_*.py")
-
-
 # the files of each part, as write_checkpoint writes them; anything else in a step-N folder is a user's
 MODEL_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json", *EXPORTED)
-
-
 PART_FILES = {"train_state": (".metadata", "*.distcp"), "adapter": ("adapter_config.json", "adapter_model.safetensors"),
               "model": MODEL_FILES, "merged": MODEL_FILES}
 
 
 def lock_folder(out):
-    """An exclusive lock on <out>/.lock for the run's life (model.lock_file: the kernel drops it however it ends)."""
+    """An exclusive lock on <out>/.lock for the run's life (lock_file: the kernel drops it however it ends)."""
     out.mkdir(parents=True, exist_ok=True)
     lock, holder = lock_file(out / ".lock")
     if lock is None:
@@ -537,7 +560,7 @@ def not_ours(out):
                 foreign.append(str(p))
             else:  # a folder named like ours, holding a user's files at any depth
                 foreign += checkpoint_files(p)[1]
-    if (out / "latest").is_file() and not re.fullmatch(r"step-\d{7}\n?", (out / "latest").read_text()[:64]):
+    if (out / "latest").is_file() and checkpoint_step((out / "latest").read_text()[:64].removesuffix("\n")) is None:
         foreign.append(str(out / "latest"))
     if (out / "metrics.jsonl").is_file():
         with open(out / "metrics.jsonl", "rb") as f:
@@ -547,11 +570,10 @@ def not_ours(out):
     return foreign
 
 
-def _json_dict(path):
-    """The JSON object in the file `path`, or {} (no such file, not JSON, not an object)."""
+def json_or_empty(path):
+    """The JSON object in the file `path` (model.read_json), or {} (no such file, not JSON, not an object)."""
     with contextlib.suppress(OSError, ValueError):
-        value = json.loads(path.read_bytes())
-        return value if isinstance(value, dict) else {}
+        return read_json(path)
     return {}
 
 
@@ -561,18 +583,14 @@ def _embedded_heldout(path):  # embedded_inputs': a header and (puzzle, solution
     return False
 
 
-# The files a run writes beside RUN_FILES, replacing what is there: each with the test that tells a run's own (its
-# content, as written here) from a user's file of that name, which is refused, not replaced
+# The files a run writes beside RUN_FILES, each with the test that tells its own from a user's (refused, not replaced)
 STATES = ("running", "done", "preempted", "interrupted", "failed")  # status.json's
-
-
-REPLACED = {"status.json": lambda path: _json_dict(path).get("state") in STATES}
-
-
+REPLACED = {"status.json": lambda path: json_or_empty(path).get("state") in STATES}
 REPLACED_EMBEDDED = REPLACED | {
-    "results.json": lambda path: {"heldout", "train_seconds", "options"} <= _json_dict(path).keys(),  # write_results'
-    "tokenizer.json": lambda path: _json_dict(path) == json.loads(make_char_tokenizer().to_str()),
-    GENERATION_DEFAULTS: lambda path: _json_dict(path) == EMBEDDED_EVAL, EMBEDDED_EVAL["test_data"]: _embedded_heldout}
+    "results.json": lambda path: {"heldout", "train_seconds", "options"} <= json_or_empty(path).keys(),
+    "tokenizer.json": lambda path: json_or_empty(path) == json.loads(make_char_tokenizer().to_str()),
+    GENERATION_DEFAULTS: lambda path: json_or_empty(path) == EMBEDDED_EVAL,
+    EMBEDDED_EVAL["test_data"]: _embedded_heldout}
 
 
 class StatusFile:
@@ -583,12 +601,11 @@ class StatusFile:
         self.out, self.warned = Path(out).absolute(), False
 
     def write(self, state, **extra):
-        latest = self.out / "latest"
         try:
-            named = re.fullmatch(r"step-(\d+)", latest.read_text().strip()) if latest.is_file() else None
-            status = dict(state=state, checkpoint=named and str(self.out / "checkpoints" / named.group(0)),
-                          step=int(named.group(1)) if named else 0, pid=os.getpid(),
-                          time=time.strftime("%Y-%m-%dT%H:%M:%S"))
+            named = (self.out / "latest").read_text().strip() if (self.out / "latest").is_file() else ""
+            step = checkpoint_step(named)
+            status = dict(state=state, checkpoint=None if step is None else str(self.out / "checkpoints" / named),
+                          step=step or 0, pid=os.getpid(), time=time.strftime("%Y-%m-%dT%H:%M:%S"))
             atomic_write_text(self.out / "status.json", json.dumps(dict(status, **extra)) + "\n")
         except (OSError, ValueError) as e:
             if not self.warned:
@@ -603,11 +620,9 @@ def stopped_state(signum):
 
 
 class Preemption:
-    """SIGTERM or SIGUSR1 (what Slurm and most clusters send some seconds before they kill a job), or SIGINT (Ctrl-C):
-    remember it; the loop finishes its step, writes a checkpoint and exits with 128 + the signal's number. Before the
-    loop's first step (the set-up, minutes for an 8B base) and at a second signal, the process exits at once; within
-    REPEAT_S it is the same notice twice (Slurm signals every process of a job step, and torchrun passes it on). A
-    torchrun worker whose launcher dies (of SIGUSR1) gets SIGTERM from the kernel (Linux); `pending` sees it too."""
+    """SIGTERM or SIGUSR1 (what Slurm and most clusters send before a kill), or SIGINT (Ctrl-C): the loop finishes
+    its step, writes a checkpoint and exits with 128 + the signal. Before the first step (the set-up) and at a second
+    signal: exit at once; within REPEAT_S, one notice twice (Slurm signals every process, and torchrun passes it on)."""
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
     REPEAT_S = 2.0
 
@@ -620,7 +635,7 @@ class Preemption:
             self.previous = {s: signal.signal(s, self.handle) for s in self.SIGNALS}
             if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun worker
                 self.parent = os.getppid()
-                if sys.platform.startswith("linux"):  # SIGTERM when the launcher dies
+                if sys.platform.startswith("linux"):  # the kernel's SIGTERM when the launcher dies (of SIGUSR1)
                     with contextlib.suppress(OSError, AttributeError):
                         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
         return self
@@ -657,8 +672,7 @@ class Preemption:
 
 @contextlib.contextmanager
 def run_folder(out, resume, overwrite, embedded=False):
-    """The run's output folder, claimed for the run's life: rank 0 locks it and keeps <out>/status.json saying how the
-    run stands; every rank catches the preemption signals (the Preemption it yields, which train reads)."""
+    """The run's output folder, claimed for its life (rank 0: the lock, status.json); yields every rank's Preemption."""
     setup_distributed()
     lock = on_rank0(lambda: claim_output_folder(out, resume, overwrite, embedded))
     status = StatusFile(out) if is_rank0() else None
@@ -716,10 +730,8 @@ class TrainState:
 
     def advance(self, result, steps_in_epoch, max_bad_steps, out):
         """Count the step train_step just took (`result`); returns whether it ended its epoch."""
-        self.step += 1
-        self.step_in_epoch += 1
-        epoch_done = self.step_in_epoch == steps_in_epoch
-        if epoch_done:
+        self.step, self.step_in_epoch = self.step + 1, self.step_in_epoch + 1
+        if epoch_done := self.step_in_epoch == steps_in_epoch:
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
         self.tokens_seen += int(result["n_tokens"])
         self.bad_in_row = 0 if result["stepped"] else self.bad_in_row + 1
@@ -729,7 +741,7 @@ class TrainState:
                    f"update skipped ({self.bad_in_row} in a row)")
             if self.bad_in_row >= max_bad_steps:
                 raise RunError(f"{max_bad_steps} non-finite steps in a row, the last at step {self.step}; "
-                                   f"stopping (last good checkpoint in {out / 'latest'})")
+                               f"stopping (last good checkpoint in {out / 'latest'})")
         return epoch_done
 
 
@@ -752,10 +764,8 @@ class CheckpointManager:
         """--resume: load the first candidate checkpoint that loads (a damaged one is skipped, saying why), RNG states
         and beta cache included; trim metrics.jsonl. Returns (TrainState, the train_step results not yet logged)."""
         self.model, self.optimizer, self.scheduler, self.beta_cache = model, optimizer, scheduler, beta_cache
-        self.device = compute_device(model)
-        opts, out = self.opts, self.out
-        state, unlogged = TrainState(), []
-        rank = dist.get_rank() if dist.is_initialized() else 0
+        self.device, opts, out = compute_device(model), self.opts, self.out
+        state, unlogged, rank = TrainState(), [], rank_and_world()[0]
         for i, name in enumerate(self.candidates):
             ckpt = out / "checkpoints" / name
             meta = check_resumable(ckpt, opts, self.world, self.inputs, self.aliases)
@@ -787,14 +797,12 @@ class CheckpointManager:
         return state, unlogged
 
     def stretch_schedule(self, state, total_steps):
-        """A run resumed with another length (--epochs or --max-steps changed) keeps its steps: the next step's
-        learning rate comes from the schedule stretched to the new length, as if planned so."""
-        opts = self.opts
-        lr = opts.lr * self.scheduler.lr_lambdas[0](state.step)  # train's schedule, made for total_steps
+        """A run resumed at another length (--epochs / --max-steps): the next lr, of the schedule stretched to it."""
+        lr = self.opts.lr * self.scheduler.lr_lambdas[0](state.step)  # train's schedule, made for total_steps
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         print0(f"--resume: the run now has {total_steps} steps, it had {state.total_steps} (--epochs / --max-steps "
-               f"changed): the {opts.schedule} learning-rate schedule is stretched to {total_steps} steps, as if "
+               f"changed): the {self.opts.schedule} learning-rate schedule is stretched to {total_steps} steps, as if "
                f"planned so; step {state.step + 1} runs at lr {lr:.3g}")
 
     def step_done(self, state, unlogged, epoch_done):
@@ -821,9 +829,8 @@ class CheckpointManager:
     def save_step(self, state, unlogged):
         """The checkpoint of step state.step (every rank calls it), then rotation to the newest --keep-last."""
         opts, out = self.opts, self.out
-        name = f"step-{state.step:07d}"
-        ours = [n for n in state.checkpoints if n != name] + [name]
-        state.checkpoints = ours[-opts.keep_last:]
+        name = checkpoint_name(state.step)
+        state.checkpoints = ([n for n in state.checkpoints if n != name] + [name])[-opts.keep_last:]
         rng = gather_objects({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(self.device)
                               if self.device.type == "cuda" else None})
         trainer = dict(state=dataclasses.asdict(state), options=dataclasses.asdict(opts), world_size=self.world,
@@ -922,8 +929,8 @@ def delete_checkpoint(folder):
 def saved_checkpoints(folder, up_to):
     """The step-N checkpoints in `folder` up to step `up_to`, oldest first, those a kill left behind included."""
     found = [p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()] if folder.is_dir() else []
-    return sorted(p.name for p in found if (m := CHECKPOINT_NAME.fullmatch(p.name)) and not m.group(2)
-                  and int(m.group(1)) <= up_to and checkpoint_files(p)[0])
+    return sorted(p.name for p in found if (step := checkpoint_step(p.name)) is not None and step <= up_to
+                  and checkpoint_files(p)[0])
 
 
 @dataclass
@@ -974,22 +981,18 @@ def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, e
         full = get_model_state_dict(model, options=StateDictOptions(
             full_state_dict=True, cpu_offload=True, ignore_frozen_params=lora and not export.merged))
     if is_rank0():
-        config = unwrap(model).config
+        raw = unwrap(model)  # DDP's .module
         if lora:
-            save_adapter(unwrap(model), tmp / "adapter", base_model_name_or_path=export.base_name, state=full)
+            save_adapter(raw, tmp / "adapter", base_model_name_or_path=export.base_name, state=full)
             if export.merged:
-                export_pretrained(config, merged_state_dict(unwrap(model), full), tmp / "merged", export.dtype,
-                                  export.files)
+                export_pretrained(raw.config, merged_state_dict(raw, full), tmp / "merged", export.dtype, export.files)
         else:
-            export_pretrained(config, full, tmp / "model", export.dtype, export.files)
+            export_pretrained(raw.config, full, tmp / "model", export.dtype, export.files)
         torch.save(loop_state, tmp / "loop_state.pt")
         (tmp / "trainer.json").write_text(json.dumps(trainer, indent=2))
         if folder.exists():  # saved again at its step (resume fell back past a damaged one): ours go, a user's stay
             delete_own_files(folder)
-        if folder.exists():
-            move_into(tmp, folder)
-        else:
-            os.replace(tmp, folder)  # the checkpoint becomes visible only when complete
+        move_into(tmp, folder) if folder.exists() else os.replace(tmp, folder)  # visible only when complete
         atomic_write_text(folder.parent.parent / "latest", folder.name + "\n")
     barrier()
 
@@ -1054,8 +1057,7 @@ def checkpoint_problem(ckpt):
         scheduled = torch.load(ckpt / "loop_state.pt", weights_only=True)["scheduler"]["last_epoch"]
     except Exception as e:  # any unpickling error
         return f"loop_state.pt is unreadable ({type(e).__name__})"
-    named = CHECKPOINT_NAME.fullmatch(ckpt.name)
-    if (named and int(named.group(1)) != step) or scheduled != step:
+    if checkpoint_step(ckpt.name.removesuffix(".tmp")) not in (None, step) or scheduled != step:
         return (f"trainer.json says step {step}, the folder's name {ckpt.name} and loop_state.pt's schedule step "
                 f"{scheduled} (edited or mixed up)")
     try:
@@ -1071,11 +1073,10 @@ def checkpoint_problem(ckpt):
 
 
 def resume_candidates(out):
-    """Rank 0, for --resume: the checkpoints to try (names), <out>/latest's first, then the others newest first;
-    says which it skips and why."""
+    """Rank 0, for --resume: the checkpoints (names) to try, <out>/latest's, then newest first; says what it skips."""
     latest = out / "latest"
     named = latest.read_text().strip() if latest.is_file() else ""
-    folders = sorted((p for p in (out / "checkpoints").glob("step-*") if not p.name.endswith(".tmp")), reverse=True)
+    folders = sorted(p for p in (out / "checkpoints").glob("step-*") if checkpoint_step(p.name) is not None)[::-1]
     order = ([out / "checkpoints" / named] if named else []) + [p for p in folders if p.name != named]
     good, notes = [], [] if named else [f"{latest} is {'empty' if latest.exists() else 'missing'}"]
     for ckpt in order:
@@ -1085,7 +1086,7 @@ def resume_candidates(out):
             good.append(ckpt.name)
     if not good and folders:
         raise RunError(f"--resume: no usable checkpoint in {out / 'checkpoints'}: " + "; ".join(notes)
-                           + ". Restore one, or start over with --overwrite")
+                       + ". Restore one, or start over with --overwrite")
     if good and notes:
         print("--resume: " + "; ".join(notes) + f"; using {good[0]}")
     return good
@@ -1094,10 +1095,8 @@ def resume_candidates(out):
 def check_resumable(ckpt, opts, world, inputs, aliases=None):
     """Refuse to continue checkpoint `ckpt` with other options, another number of processes, other data or another
     base model, saying what changed. An "auto" option and the value it resolved to are the same option."""
-    fingerprints = inputs.fingerprints
-    meta = json.loads((ckpt / "trainer.json").read_text())
-    if meta["world_size"] != world:  # first: with the embedded task --batch-size derives from it
-        then = meta["world_size"]
+    fingerprints, meta = inputs.fingerprints, json.loads((ckpt / "trainer.json").read_text())
+    if (then := meta["world_size"]) != world:  # first: with the embedded task --batch-size derives from it
         command = "python gift.py" if then == 1 else f"torchrun --nproc_per_node {then} gift.py"
         raise ValueError(f"--resume: {ckpt} was written by {then} process{'es' if then > 1 else ''}, this is {world}: "
                          f"resume with the same number (`{command} ... --resume`); each rank's random state is saved")
@@ -1110,8 +1109,7 @@ def check_resumable(ckpt, opts, world, inputs, aliases=None):
               and resolve(k, saved.get(k), then_resolved) != resolve(k, v, now_resolved)}
     if differ:
         raise ValueError(f"--resume: {ckpt} was written with different options (saved, now): {differ}")
-    then = meta["fingerprints"]
-    base = opts.model or "the embedded task"
+    then, base = meta["fingerprints"], opts.model or "the embedded task"
     if "files" in then and "files" in fingerprints:  # file by file (the embedded task: the whole model's fingerprint)
         changed = [f"{name} (fingerprint {then['files'].get(name)} then, {fingerprints['files'].get(name)} now)"
                    for name in sorted(then["files"].keys() | fingerprints["files"].keys())
@@ -1138,8 +1136,7 @@ def load_checkpoint(model, optimizer, scheduler, ckpt, lora):
     state = {"model": model_sd, "optim": optim_sd}
     with quiet_single_process_dcp():
         dcp.load(state, storage_reader=CheckpointReader(str(ckpt / "train_state")), planner=CheckpointLoadPlanner())
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=sd_opts)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=sd_opts)
     loop_state = torch.load(ckpt / "loop_state.pt", weights_only=True)
     scheduler.load_state_dict(loop_state["scheduler"])
     return loop_state
@@ -1186,9 +1183,8 @@ class MetricsLog:
 
 
 class WandbRun:
-    """--wandb-project: every metrics.jsonl record (still the record) also goes to a Weights & Biases run, from rank
-    0. Its id is kept in <out>/wandb_run_id, so --resume continues the same W&B run. W&B rather than TensorBoard: a
-    run id that resumes, offline runs synced later (WANDB_MODE=offline, then `wandb sync`), no log folder to copy."""
+    """--wandb-project: every metrics.jsonl record also goes to a W&B run (rank 0), its id in <out>/wandb_run_id for
+    --resume. W&B, not TensorBoard: a run id that resumes, offline runs synced later (`wandb sync`), no log folder."""
 
     def __init__(self, project, out, config):
         import wandb  # here, not at the top: a run without --wandb-project imports nothing new
@@ -1268,12 +1264,11 @@ def write_results(out, opts, results, folder, train_s, total_s, puzzle):
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, text=True,
                                 capture_output=True, timeout=10).stdout.strip() or None
-    world = dist.get_world_size() if dist.is_initialized() else 1
     atomic_write_text(out / "results.json", json.dumps(dict(
         heldout=results, model=str(folder), train_seconds=round(train_s, 1), total_seconds=round(total_s, 1),
-        processes=world, commit=commit, options=dataclasses.asdict(opts)), indent=1) + "\n")
+        processes=rank_and_world()[1], commit=commit, options=dataclasses.asdict(opts)), indent=1) + "\n")
     print(f"results: {out / 'results.json'}\nmodel: {folder}\n"
-          f"chat with it:  python sample.py --model {folder} --prompt \"Solve the following Sudoku puzzle: {puzzle}\"\n"
+          f"chat with it:  python sample.py --model {folder} --prompt \"{SUDOKU_TASK_PROMPT.format(puzzle=puzzle)}\"\n"
           f"evaluate it:   python eval.py --model {folder} --task sudoku", flush=True)
 
 
@@ -1315,9 +1310,8 @@ def open_output(p, args):
 
 
 def read_records(path, settings):
-    """Rank 0: the records an earlier run of this command left in `path` (JSON lines), {(seed, index): record}, after a
-    check that they were made with `settings` and, where both have them, the same weights (FINGERPRINTS: the same path
-    retrained gives other generations); it says how many. A torn last line (a kill in mid-write) is cut off the file."""
+    """Rank 0: the records an earlier run of this command left in `path` (JSON lines), {(seed, index): record}, refused
+    unless made with `settings` and, where both have them, the same FINGERPRINTS; a torn last line is cut off."""
     if path is None:
         print("no --out: the generations are not saved, and an interrupted run cannot continue", flush=True)
         return {}
@@ -1361,15 +1355,10 @@ SUMMARY_FIELDS = ("task", "accuracy_mean", "n_items", "runs")  # what report() w
 
 
 def check_summary(out, settings=None):
-    """A ValueError naming the file unless an existing --out is an eval.py summary (report()) and, once the settings
-    are known, of these settings: anything else (a user's file, gift.py's results.json) would be replaced."""
+    """A ValueError unless an existing --out is an eval.py summary (report()) of these settings (once known)."""
     if not out.exists():
         return
-    try:
-        summary = json.loads(out.read_bytes())
-    except (OSError, ValueError):
-        summary = None
-    if not (isinstance(summary, dict) and set(SUMMARY_FIELDS) <= summary.keys()):
+    if not set(SUMMARY_FIELDS) <= (summary := json_or_empty(out)).keys():
         raise ValueError(f"--out {out}: the file exists and is not an eval.py summary; it would be replaced: name "
                          "another --out, or move the file away")
     changed = [k for k, v in (settings or {}).items()

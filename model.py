@@ -239,14 +239,7 @@ class LLaDAConfig:
 
     @classmethod
     def from_json(cls, path):
-        try:
-            raw = json.loads(Path(path).read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            where = f"line {e.lineno}, column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else e
-            raise ValueError(f"{path}: not valid JSON ({where}); config.json is the model's Hugging Face config, "
-                             "one JSON object of fields") from None
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: expected a JSON object of config fields, got a {type(raw).__name__}")
+        raw = read_json(path, "; config.json is the model's Hugging Face config, one JSON object of fields")
         return cls.from_dict(raw, source=str(path))
 
     @classmethod
@@ -381,6 +374,11 @@ class Block(nn.Module):
         h = x + self.attn_out(y.transpose(1, 2).reshape(B, L, D))
         m = self.ff_norm(h)
         return h + self.ff_out(F.silu(self.ff_proj(m)) * self.up_proj(m))
+
+
+def unwrap(model):
+    """The model itself: DDP keeps it in .module (FSDP2 does not wrap)."""
+    return getattr(model, "module", model)
 
 
 def shift_right(h):
@@ -702,16 +700,29 @@ def load_weight_rows(model, path, rank, world):
 
 
 # -----------------------------------------------------------------------------
-# Atomic writes: a crash mid-write leaves the previous file or folder intact
+# Files: JSON read with a one-line error; atomic writes (a crash mid-write leaves the previous file or folder intact)
+
+
+def read_json(path, hint="", object_only=True):
+    """The JSON object (object_only; else any value) in the file `path`, or a one-line ValueError naming the file and
+    where it breaks (+ hint)."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        where = f"line {e.lineno}, column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else e
+        raise ValueError(f"{path}: not valid JSON ({str(where).splitlines()[0][:200]}){hint}") from None
+    if object_only and not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def atomic_write_text(path, text):
-    """`text` into `path`, whole or not at all (written beside it, then renamed); an OSError names the path (a full
-    disk's ENOSPC names none)."""
+    """`text` (str, or bytes) into `path`, whole or not at all (written beside it under a name of this process's,
+    then renamed: processes writing one file at once never mix); an OSError names the path (ENOSPC names none)."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text)
+        tmp.write_bytes(text) if isinstance(text, bytes) else tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as e:
         with contextlib.suppress(OSError):
@@ -777,18 +788,20 @@ class LoRALinear(nn.Module):
         return y + (delta * self.scaling).to(y.dtype)
 
 
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj")  # the paper's LoRA recipe (Appendix C)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj")  # the paper's LoRA recipe (Appendix C), and its rank, alpha and dropout
+LORA = dict(r=128, alpha=256.0, dropout=0.05)
+# a block's linears and the LM head: LLaDA's names, then Dream's (Qwen's) where they differ
+LINEARS = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out", "o_proj", "gate_proj",
+           "down_proj", "lm_head")
 
 
 def lora_target_names(model, targets, layers_to_transform=None, layers_pattern=None, checkpoint_names_only=False):
     """The names of the linear layers an adapter goes on, matched as PEFT matches them: `targets` a string is a
-    regex that must match a module's whole name; a list matches a module whose name is in it or ends with
-    "." + an entry. So "ff_out" means the MLP output projection of every block AND the LM head
-    (model.transformer.ff_out), as in PEFT. layers_to_transform (an int or a list) keeps the matches whose name
-    holds "<layers_pattern>.<index>." (any "<word>.<index>." without a pattern) with that index: never the head.
-    A module answers to our name and to its checkpoint's (Dream: "model.layers.0.self_attn.o_proj"), so targets
-    written for the official model ("o_proj", "gate_proj", "lm_head") and ours ("attn_out") both work;
-    checkpoint_names_only: to the checkpoint's alone, as PEFT on the official model matches."""
+    regex matching a module's whole name; a list matches a name in it or ending in "." + an entry (so "ff_out" is
+    every block's MLP output AND the LM head, as in PEFT). layers_to_transform (int or list) keeps the matches whose
+    name holds "<layers_pattern>.<index>." (any "<word>.<index>." without a pattern) with that index: never the head.
+    A module answers to our name and to its checkpoint's (Dream: "model.layers.0.self_attn.o_proj"), or with
+    checkpoint_names_only to the checkpoint's alone, as PEFT on the official model matches."""
     aliases = {n: {model.config.checkpoint_name(n)} | (set() if checkpoint_names_only else {n})
                for n, m in model.named_modules() if isinstance(m, (nn.Linear, LoRALinear))}
     if isinstance(targets, str):
@@ -812,7 +825,8 @@ def lora_target_names(model, targets, layers_to_transform=None, layers_pattern=N
 PEFT_OPTIONS = ("rank_pattern", "alpha_pattern", "use_rslora", "layers_to_transform", "layers_pattern")
 
 
-def add_lora(model, r=128, alpha=256, dropout=0.05, targets=LORA_TARGETS, generator=None, **peft):
+def add_lora(model, r=LORA["r"], alpha=LORA["alpha"], dropout=LORA["dropout"], targets=LORA_TARGETS, generator=None,
+             **peft):
     """Replace the target linears (lora_target_names: PEFT's matching) by LoRALinear and freeze everything else.
     peft: PEFT's other adapter_config.json fields (PEFT_OPTIONS), as PEFT reads them: rank_pattern / alpha_pattern
     give some modules their own rank / alpha (a key may use our name or the checkpoint's),
@@ -896,7 +910,7 @@ def merge_lora(model):
 def merged_state_dict(model, state=None):
     """The state dict of the base model with every adapter folded in, leaving `model` as it is (a merged export
     in the middle of training): the base's own tensors, plus one new tensor per adapted linear. state: the model's
-    whole state dict to read instead of its own (a sharded model's, gathered: gift.write_checkpoint)."""
+    whole state dict to read instead of its own (a sharded model's, gathered: longjob.write_checkpoint)."""
     full = model.state_dict() if state is None else state
     merged = {k: v for k, v in full.items() if ".lora_" not in k}
     for name, m in lora_layers(model):
@@ -950,31 +964,17 @@ def generation_defaults(folder):
     """The model folder's generation_defaults.json (task, prompt_style, gen_length, block_length, steps, test_data),
     which a gift.py run writes for the embedded task; {} when there is none."""
     path = Path(folder) / GENERATION_DEFAULTS
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except ValueError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from None
+    return read_json(path) if path.is_file() else {}
 
 
 def read_adapter_config(path):
     """An adapter folder's adapter_config.json, checked before any weight loads: a ValueError in one line naming the
     file and the field for what PEFT would reject or this code cannot compute. Returns the dict."""
     cfg_file = Path(path) / "adapter_config.json"
-    if not cfg_file.is_file():
-        hint = "a LoRA adapter folder holds adapter_config.json and adapter_model.safetensors"
-        if (Path(path) / "config.json").is_file():
-            hint = f"it is a model folder (config.json): give it as --model {path}"
-        elif (Path(path) / "adapter" / "adapter_config.json").is_file():
-            hint = f"it is a gift.py checkpoint: give --adapter {Path(path) / 'adapter'}"
-        raise FileNotFoundError(f"--adapter {path}: no adapter_config.json; {hint}")
-    try:
-        cfg = json.loads(cfg_file.read_text())
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise ValueError(f"{cfg_file}: not JSON ({str(e).splitlines()[0][:200]})") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{cfg_file}: expected a JSON object of settings, got {type(cfg).__name__}")
+    if not cfg_file.is_file():  # the command lines say what the folder is instead (longjob.adapter_problem)
+        raise FileNotFoundError(f"{path}: no adapter_config.json (a LoRA adapter folder holds adapter_config.json and "
+                                "adapter_model.safetensors)")
+    cfg = read_json(cfg_file)
 
     def number(value, whole):  # json gives bool for true / false, which is an int to Python
         kinds = int if whole else (int, float)

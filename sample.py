@@ -4,49 +4,285 @@ LLaDA (Nie et al. 2025, "Large Language Diffusion Models", Sec. 2.4 and Appendix
 masked response and running `steps` reverse-diffusion steps; each step predicts every masked token and keeps the
 predictions it is most confident about ("low-confidence remasking"). With block_length < gen_length the response is
 filled block by block, left to right ("semi-autoregressive remasking"). This file reproduces the official sampler
-(github.com/ML-GSAI/LLaDA, generate.py) with the same arguments and the same random draws, and differs from it only
-where the tokens cannot change:
-  - the whole batch is handled at once (the official code picks each row's top-k positions in a Python loop);
-  - the LM head runs only at the positions that can be unmasked this step (the current block and masks left before
-    it), not over the prompt and the later blocks: this saves most of the head's cost (V = 126464 for LLaDA-8B).
-    The product over fewer rows gives the same numbers on the CPU; a GPU library may pick another kernel for
-    another row count, which can change logits by a rounding error;
-  - classifier-free guidance also works without an attention mask (the official code raises a NameError there).
-generate() is that exact sampler, loop for loop beside the official one. generate_cached() is the opt-in fast
-sampler of Fast-dLLM (Wu et al. 2025, arXiv 2505.22618): a prefix or dual key/value cache reused over a block's
-steps, and confidence-threshold parallel decoding; it trades exactness for speed, with the same random draws.
-SamplerOptions declares the samplers' options once: generate_cached() takes them, and sample.py's and eval.py's
-command lines make one flag of each.
-diffusion_generate() is Dream-v0's own sampler (github.com/HKUNLP/Dream, generation_utils.py), token for token with
-the official diffusion_generate: its algorithms origin, maskgit_plus, topk_margin and entropy over the whole answer,
-and the same random draws from an explicit generator.
-generate() and generate_cached() also sample Dream, the paper's evaluation protocol for it (block 32, low-confidence
-remasking, Appendix C): Dream's logits at position i - 1 predict token i, so the samplers read each position's
-prediction one position to the left, as Dream's generation code shifts its logits (guided_logits).
+(github.com/ML-GSAI/LLaDA, generate.py) with the same arguments and the same random draws; it differs from it
+only where the tokens cannot change (batched top-k, the LM head at the unmaskable positions only: docs/samplers.md).
+The file reads in sections: the exact sampler generate() (copyable next to model.py alone); SamplerOptions, the
+samplers' options declared once (one flag each in sample.py and eval.py); generate_cached(), the opt-in fast sampler
+of Fast-dLLM (Wu et al. 2025, arXiv 2505.22618: key/value caches, confidence-threshold parallel decoding; faster, not
+exact); diffusion_generate(), Dream-v0's own sampler (github.com/HKUNLP/Dream), token for token; the command line.
+The block samplers also sample Dream, the paper's protocol for it (Appendix C): Dream's logits at position i - 1
+predict token i, so each token is read one position to the left, as Dream's generation code shifts its logits.
 
     python sample.py --model DIR [--adapter DIR] --prompt "..." [--gen-length 128 --steps 128 --block-length 32]
     python sample.py --model DIR --prompt "..." --cache dual --cache-refresh 2 --threshold 0.995   # the fast sampler
     python sample.py --model DREAM_DIR --prompt "..." --sampler dream --alg entropy --steps 128   # Dream's own
 """
 
-import argparse
-import json
+# =============================================================================
+# The exact sampler: LLaDA's official generate(), loop for loop, batched. This section stands alone: copied next to
+# model.py (it needs only torch and model.py's shift_right and unwrap), it samples as this file does.
+# =============================================================================
+
 import math
 import numbers
-from dataclasses import InitVar, dataclass, field, fields, replace
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from data import chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text, load_tokenizer
-from gift import uniforms  # the one draw rule, training's (gift.py Part I) and the samplers'
-from longjob import (add_dataclass_flags, check_adapter, compute_dtype, find_model, load_weights, loading,
-                     run_command_line)
-from model import GENERATION_DEFAULTS, LLaDAConfig, generation_defaults, shift_right
-
+from model import shift_right, unwrap
 
 REMASKING = ("low_confidence", "random")  # the official strategies
+
+
+def uniforms(shape, generator, device, dtype=None):
+    """U(0, 1) draws of `shape` (B, ...) in `dtype` (None: float32) from one generator (None: torch's global one) or
+    from a list of B generators, one per row: training's draw rule (gift.py Part I's uniforms; a test pins the two
+    equal), copied here so that this section needs no trainer."""
+    if generator is None or isinstance(generator, torch.Generator):
+        where = device if generator is None else generator.device
+        return torch.rand(shape, dtype=dtype, device=where, generator=generator).to(device)
+    return torch.stack([torch.rand(shape[1:], dtype=dtype, device=g.device, generator=g) for g in generator]).to(device)
+
+
+def get_num_transfer_tokens(block_mask_index, steps):
+    """How many tokens each row unmasks at each of the block's `steps` steps (official get_num_transfer_tokens): the
+    noise schedule is linear (paper Eq. (8)), so m // steps per step, plus one for each of the first m % steps steps
+    (m = masks in the block; with more steps than masks, the last steps unmask nothing).
+    block_mask_index (B, Lb) bool -> (B, steps) long, summing to m per row."""
+    m = block_mask_index.sum(dim=1, keepdim=True)  # (B, 1)
+    extra = torch.arange(steps, device=m.device)[None, :] < (m % steps)  # (B, steps): the first m % steps steps
+    return m // steps + extra.long()
+
+
+def add_gumbel_noise(logits, temperature, u):
+    """Gumbel-max sampling, as the official add_gumbel_noise: argmax of exp(logits) / (-log u)^temperature is a draw
+    from softmax(logits / temperature). Float64: low-precision Gumbel-max hurts generation quality (the official
+    docstring, arXiv:2409.02908). u: float64 uniforms, the logits' shape, drawn by the caller over the official
+    (B, L, V). temperature 0 returns the logits untouched (greedy, in the model's dtype, as the official code)."""
+    if temperature == 0:
+        return logits
+    return logits.to(torch.float64).exp() / (-torch.log(u)) ** temperature
+
+
+def low_confidence(logits, x0):
+    """The model's probability of each candidate: softmax of the (guided, un-noised) logits at x0.
+
+    The softmax runs in the logits' dtype, exactly as the official `F.softmax(logits, dim=-1)` (bf16 for the real
+    model, so confidences round to 8 mantissa bits and tie often; transfer_index resolves ties like the official
+    torch.topk). logits (N, V), x0 (N,) -> (N,).
+    """
+    p = F.softmax(logits, dim=-1)
+    return torch.gather(p, -1, x0[:, None]).squeeze(-1)
+
+
+def transfer_index(confidence, k):
+    """Mark the k[b] most confident positions of each row b: confidence (B, L), k (B,) -> (B, L) bool.
+
+    The official code calls torch.topk(confidence[b], k[b]) row by row; one torch.topk at k = max(k), each row's
+    first k[b] kept, is exactly that call, ties included, when every row has the same k (as in generate(): each block
+    starts fully masked in every row): topk treats each row of a batch as a lone row (on the CPU an introselect whose
+    tie order is not "lowest index first": a stable sort would NOT reproduce it). Unequal k: a valid top-k[b] each.
+    """
+    k_max = int(k.max())
+    top = torch.topk(confidence, k_max, dim=-1).indices  # (B, k_max), most confident first
+    keep = torch.arange(k_max, device=k.device)[None, :] < k[:, None]  # (B, k_max)
+    return torch.zeros_like(confidence, dtype=torch.bool).scatter_(-1, top, keep)
+
+
+def padded_positions(attention_mask):
+    """Dream's RoPE positions for a left-padded batch, as its official generation computes them (tok_idx): a real
+    token's index among its row's real tokens, cumsum(mask) - 1, and 1 on the pads; None when nothing is padded
+    (positions 0 .. L - 1). attention_mask (B, L) or None -> (B, L) long or None."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+
+
+def cfg_batch(x, attention_mask, prompt_index, cfg_scale, mask_id):
+    """Unsupervised classifier-free guidance's input (LLaDA paper, Appendix B; official code): the batch (B, L)
+    stacked with a copy whose prompt positions are masked, (2B, L), and its attention mask; as it is without CFG."""
+    if cfg_scale <= 0:  # the official test is `if cfg_scale > 0.`
+        return x, attention_mask
+    un_x = x.masked_fill(prompt_index, mask_id)  # prompt masked: the unconditional input
+    return torch.cat([x, un_x]), None if attention_mask is None else torch.cat([attention_mask, attention_mask])
+
+
+def predicting_states(model, x, attention_mask, cache=None):
+    """The final hidden states that predict the tokens at positions s .. e - 1 ((0, L) without a cache span):
+    (B, e - s, D) and s. One forward (the wrapper is called, so that DDP / FSDP see it). A model that predicts
+    shifted (Dream: model.predicts_shifted) gets its states moved one position right (shift_right, as its official
+    generation moves its logits) and, for a left-padded batch, Dream's official positions (padded_positions); LLaDA
+    uses positions 0 .. L - 1, as its official sampler. cache: the fast sampler's CacheUse, None for a plain forward."""
+    shifted = getattr(unwrap(model), "predicts_shifted", False)
+    s, e = (cache.span if cache is not None else None) or (0, x.shape[1])
+    # Dream reads token s's prediction at position s - 1, so a span runs from one position earlier: that position's
+    # state is computed afresh, seeing the block's current tokens, where a state kept from the step that built the
+    # cache would be stale (and the block's first token would keep the prediction of a fully masked block)
+    lo = max(s - 1, 0) if shifted else s
+    kw = {"position_ids": padded_positions(attention_mask)} if shifted else {}  # (B, L) or None
+    if cache is None:
+        h = model(x, attention_mask=attention_mask, return_hidden=True, **kw)  # (B, L, D)
+    else:
+        if cache.attn_rows is not None:  # the model's probe of the queries qs .. qe - 1 (LLaDA.forward)
+            kw["attn_rows"] = (cache.attn_rows[0] - lo, cache.attn_rows[1] - lo, cache.attn_rows[2])
+        if cache.write:
+            kw["kv_write"] = True
+        h = model(x[:, lo:e], attention_mask=attention_mask, return_hidden=True, kv_cache=cache.kv, start=lo, **kw)
+    return (shift_right(h)[:, s - lo:] if shifted else h), s  # (B, e - s, D)
+
+
+def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, cache=None):
+    """Logits (N, V) at the N eligible positions of x (B, L) (row-major order), each the logits that predict its
+    token, with classifier-free guidance when cfg_scale > 0: uncond + (cfg_scale + 1) * (cond - uncond), in the
+    logits' dtype, as the official code. The LM head runs on the eligible rows only."""
+    x, attention_mask = cfg_batch(x, attention_mask, prompt_index, cfg_scale, mask_id)  # (B or 2B, L)
+    h, s = predicting_states(model, x, attention_mask, cache)  # (B or 2B, e - s, D)
+    head, rows = unwrap(model).head, eligible[:, s:s + h.shape[1]]
+    if cfg_scale <= 0:
+        return head(h[rows])  # (N, V)
+    B = len(eligible)
+    logits, un_logits = head(torch.cat([h[:B][rows], h[B:][rows]], dim=0)).chunk(2, dim=0)
+    return un_logits + (cfg_scale + 1) * (logits - un_logits)
+
+
+def candidates(logits, x, eligible, temperature, remasking, generator):
+    """The eligible positions' candidate tokens and their confidence, drawn as the official loop draws them:
+    logits (N, V) at the eligible positions of x (B, L) -> x0 (B, L), x with the candidates in (the official
+    torch.where(mask_index, x0, x)), and confidence (B, L), -inf where nothing may change. A candidate is the argmax,
+    or the Gumbel-max at temperature > 0 with uniforms drawn over the official (B, L, V) float64 (one RNG state, the
+    official tokens); its confidence its probability (low_confidence) or, remasking "random", a float32 uniform."""
+    (B, L), V = x.shape, logits.shape[-1]
+    u = uniforms((B, L, V), generator, x.device, torch.float64)[eligible] if temperature else None
+    x0 = torch.argmax(add_gumbel_noise(logits, temperature, u), dim=-1)  # (N,)
+    if remasking == "low_confidence":
+        x0_p = low_confidence(logits, x0)  # (N,)
+    else:
+        x0_p = uniforms((B, L), generator, x.device)[eligible]  # (N,)
+    confidence = torch.full((B, L), float("-inf"), dtype=x0_p.dtype, device=x.device)
+    return x.masked_scatter(eligible, x0), confidence.masked_scatter(eligible, x0_p)
+
+
+def check_tensors(prompt, attention_mask, generator, where):
+    """A sampler's tensors, before any forward pass (its options are SamplerOptions' check): a prompt of token ids
+    (B, P), an attention mask of its shape, one generator or one per row."""
+    if prompt.dim() != 2:
+        raise ValueError(f"{where}: prompt must be (batch, prompt_len) token ids, got shape {tuple(prompt.shape)}; "
+                         f"use prompt[None] for a single prompt")
+    if attention_mask is not None and attention_mask.shape != prompt.shape:
+        raise ValueError(f"{where}: attention_mask {tuple(attention_mask.shape)} must have the prompt's shape "
+                         f"{tuple(prompt.shape)}")
+    if isinstance(generator, (list, tuple)) and len(generator) != len(prompt):
+        raise ValueError(f"{where}: {len(generator)} generators for {len(prompt)} rows")
+
+
+def append_masks(prompt, attention_mask, gen_length, mask_id):
+    """The sampler's start: x = the prompt then gen_length masks (B, P + gen_length), and the attention mask
+    extended with ones (the answer is attended to)."""
+    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long, device=prompt.device)
+    x[:, :prompt.shape[1]] = prompt
+    if attention_mask is not None:
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(prompt.shape[0], gen_length)], dim=1)
+    return x, attention_mask
+
+
+def check_block_arguments(said, gen_length, steps, block_length, temperature, cfg_scale, remasking, schedule=True):
+    """The block sampler's arguments, each rule once (SamplerOptions runs this too): a ValueError naming the first
+    bad one as said(name) puts it. Lengths whole numbers >= 1 and, with `schedule`, once all three are set, the
+    official generate()'s block schedule; temperature and cfg_scale finite and >= 0; an official remasking."""
+    for key, value in (("gen_length", gen_length), ("steps", steps), ("block_length", block_length)):
+        if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool)):
+            raise ValueError(f"{said(key)}: expected an integer")
+        if value is not None and value < 1:
+            raise ValueError(f"{said(key)}: must be at least 1")
+    for key, value in (("temperature", temperature), ("cfg_scale", cfg_scale)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise ValueError(f"{said(key)}: expected a number")
+        if not 0 <= value < math.inf:
+            raise ValueError(f"{said(key)}: must be 0 (" + ("greedy" if key == "temperature" else "off") +
+                             ") or more, a finite number")
+    if remasking not in REMASKING:
+        raise ValueError(f"{said('remasking')}; expected one of {REMASKING}")
+    if not schedule or None in (gen_length, steps, block_length):
+        return
+    if block_length > gen_length:
+        raise ValueError(f"{said('block_length')} is longer than {said('gen_length')}")
+    n_blocks = gen_length // block_length
+    if gen_length % block_length or steps % n_blocks:  # the official generate() asserts both
+        hint = (f"steps {n_blocks * max(1, steps // n_blocks)}" if gen_length % block_length == 0 else
+                f"block length {gen_length} (one block)")
+        raise ValueError(f"{said('gen_length')} must be a multiple of {said('block_length')}, and {said('steps')} a "
+                         f"multiple of the number of blocks {n_blocks}; e.g. {hint}")
+
+
+@torch.no_grad()
+def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, block_length=128, temperature=0.,
+             cfg_scale=0., remasking="low_confidence", mask_id=None, generator=None):
+    """LLaDA's official generate(), batched: the same arguments, random draws and tokens. Returns x
+    (B, prompt_len + gen_length), prompt included.
+
+    model: called as model(x, attention_mask=..., return_hidden=True) -> (B, L, D), with the LM head at
+        unwrap(model).head; in eval mode (LoRA dropout). A Dream model (model.predicts_shifted) is sampled the same
+        way, each token read from the logits that predict it (position i - 1), as its generation code shifts them.
+    prompt: (B, P) token ids; left-pad a batch of prompts and give attention_mask (B, P), 0 on the pads.
+    steps: sampling steps in all, split evenly over the gen_length / block_length blocks.
+    block_length < gen_length: semi-autoregressive, one block at a time, left to right.
+    temperature: 0 = greedy; > 0 samples with float64 Gumbel noise.
+    cfg_scale: unsupervised classifier-free guidance scale (0 = off).
+    remasking: "low_confidence" (unmask the most probable predictions) or "random".
+    mask_id: defaults to model.config.mask_token_id.
+    generator: torch.Generator on the prompt's device for the random draws (None: the global RNG, as official).
+        The draws have the official shapes and order ((B, L, V) float64 uniforms for the noise, then (B, L)
+        float32 for random remasking), so the same RNG state gives the official tokens. A list of B generators
+        draws each row's noise from its own (a row's tokens then do not depend on its batch).
+    """
+    mask_id = unwrap(model).config.mask_token_id if mask_id is None else mask_id
+    given = dict(gen_length=gen_length, steps=steps, block_length=block_length, temperature=temperature,
+                 cfg_scale=cfg_scale, remasking=remasking)
+    check_block_arguments(lambda key: f"sample.py generate: {key}={given[key]!r}", **given)
+    check_tensors(prompt, attention_mask, generator, "sample.py generate")
+    x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
+    prompt_index = x != mask_id  # what CFG masks: every non-mask token at the start, left pads included
+    positions = torch.arange(x.shape[1], device=x.device)  # (L,)
+
+    num_blocks = gen_length // block_length
+    steps = steps // num_blocks  # per block, as in the official code
+    for num_block in range(num_blocks):
+        block_end = prompt.shape[1] + (num_block + 1) * block_length
+        block_mask_index = x[:, block_end - block_length:block_end] == mask_id  # (B, block_length)
+        num_transfer_tokens = get_num_transfer_tokens(block_mask_index, steps)  # (B, steps)
+        for i in range(steps):
+            mask_index = x == mask_id  # (B, L)
+            # the official confidence is -inf after the block and where x is no mask: only these N positions can
+            # change (masks left in earlier blocks included), so the LM head runs only there
+            eligible = mask_index & (positions < block_end)  # (B, L)
+            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id)  # (N, V)
+            # candidates and their confidence, drawn as the official loop draws them
+            x0, confidence = candidates(logits, x, eligible, temperature, remasking, generator)  # (B, L) each
+
+            # the k most confident positions take their candidates (the official transfer_index); a candidate
+            # equal to mask_id leaves its position masked, and eligible again at the next step, as officially
+            transfer = transfer_index(confidence, num_transfer_tokens[:, i])  # (B, L) bool
+            x[transfer] = x0[transfer]
+    return x
+
+
+# =============================================================================
+# The options of every sampler (SamplerOptions), the fast sampler, Dream's own sampler, the command line
+# =============================================================================
+
+import argparse
+import json
+from dataclasses import InitVar, dataclass, field, fields, replace
+from pathlib import Path
+
+
+from data import (EOS, EOT, IM_END, chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text,
+                  load_tokenizer)
+from longjob import (SEED_RULE, SEEDS, add_dataclass_flags, add_dtype_flag, add_model_flags, check_adapter,
+                     compute_dtype, find_model, load_weights, loading, run_command_line)
+from model import GENERATION_DEFAULTS, LLaDAConfig, generation_defaults
+
+
 CACHES = (None, "prefix", "dual")  # generate_cached's key/value caches (None: no cache)
 DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")  # Dream's diffusion_generate
 SAMPLERS = ("block", "dream")  # generate / generate_cached, or diffusion_generate (SamplerOptions.sampler)
@@ -54,6 +290,7 @@ SAMPLERS = ("block", "dream")  # generate / generate_cached, or diffusion_genera
 BLOCK_ONLY = ("block_length", "cfg_scale", "remasking", "cache", "threshold", "cache_refresh", "cache_drift",
               "cache_window")
 DREAM_ONLY = ("alg", "alg_temp", "eps", "top_p", "top_k")
+BLOCK_ARGUMENTS = ("gen_length", "steps", "block_length", "temperature", "cfg_scale", "remasking")  # generate()'s own
 
 
 @dataclass
@@ -67,33 +304,7 @@ class SamplerOptions:
     (None) are then filled in by whoever samples: sample.py with its own defaults, eval.py with d1's protocol for the
     task; generate_cached needs them set. Dream's sampler reads gen_length (its max_new_tokens), steps, temperature
     and its own options (alg ... top_k); a flag of the other sampler's options is refused (check_sampler_choice).
-    The fast sampler's options, in more words (cache=None with threshold=None is generate() itself):
-    cache: "prefix" = at each block's first step one full forward stores every position's keys and values; the
-        block's later steps run only the block and what follows it, the prompt and the finished blocks read from
-        the cache. "dual" = those steps run only the block; the later (still masked) blocks read from the cache too.
-        The cached keys and values are the block's first step's: an approximation, since attention is
-        bidirectional. Only the current block's masks are eligible (the exact sampler also retries masks that an
-        earlier block left, which happens only when the model predicts the mask token itself).
-    threshold: confidence-aware parallel decoding: each step unmasks every eligible position whose confidence
-        exceeds it (at least the most confident one per row), and a block ends as soon as it has no mask left
-        (at most block_length steps); `steps` is then only checked.
-    cache_refresh: N = a step that is a multiple of N within the block (0, N, 2N, ...) runs the full forward and
-        rebuilds the cache, as the block's first step does; the others read it. None = only the block's first step
-        (Fast-dLLM). With one block spanning the whole answer, the prompt's keys and values are otherwise never
-        recomputed after the answer tokens decoded since. N = 1 runs every step in full: the exact sampler's tokens
-        as long as every block ends fully unmasked (a candidate equal to the mask token leaves its position masked;
-        the exact sampler offers such a position again in the later blocks, a cached step only the current block's).
-    cache_drift: gamma in (0, 1]: an adaptive refresh, Elastic-Cache's drift test (attention_drift), row by row:
-        a row whose tracked token's attention drifted at a step gets its cache rebuilt at the next step (a full
-        forward of that row; rebuild_rows), and reads it as the others do. Elastic-Cache also recomputes only the
-        layers from the drifting one on, and keeps distant masks cached; here a drifting row is rebuilt whole.
-    cache_window: W = reuse the settled blocks' cache across blocks (dKV-Cache, Elastic-Cache's "distant tokens stay
-        cached"): after the first block, a step that would rebuild the cache (a block's first, a --cache-refresh one)
-        recomputes only the positions from W before the block to W after it (prefix: to the end), writes their keys
-        and values into the cache, and keeps every other position's (the prompt's and the finished blocks' from when
-        they were last in the window; the far masks' from the first block). A full forward costs the whole sequence;
-        this one 2 W + block_length positions, whatever the generation length. W >= block_length recomputes the
-        block just finished with its final tokens; W covering the sequence with cache_refresh=1 is the exact sampler.
+    What each fast-sampler option does, in more words: docs/samplers.md.
     """
     gen_length: int = field(default=None, metadata={"help": "tokens to generate; unset: the model folder's "
                             "generation_defaults.json (sample.py: else 128; eval.py: else d1's 512 for Sudoku / "
@@ -125,7 +336,8 @@ class SamplerOptions:
                      "random; the others: the most confident first)", "choices": DREAM_ALGS})
     alg_temp: float = field(default=None, metadata={"help": "--sampler dream: > 0 draws the positions to unmask from "
                             "softmax(confidence / alg_temp) (unset: the most confident)"})
-    eps: float = field(default=1e-3, metadata={"help": "--sampler dream: the last time of the reverse process"})
+    eps: float = field(default=1e-3, metadata={"help": "--sampler dream: the last time of the reverse process "
+                       "(Dream's own eps; not training's floor on t)"})
     top_p: float = field(default=None, metadata={"help": "--sampler dream: nucleus filter of the logits (unset: off)"})
     top_k: int = field(default=None, metadata={"help": "--sampler dream: keep the k largest logits (unset: off)"})
 
@@ -142,74 +354,6 @@ class SamplerOptions:
         return self.sampler == "block" and self.cache is None and self.threshold is None
 
 
-# -----------------------------------------------------------------------------
-# Building blocks (pure functions, one per line of the official loop)
-
-
-def get_num_transfer_tokens(block_mask_index, steps):
-    """How many tokens each row unmasks at each of the block's `steps` steps (official get_num_transfer_tokens).
-
-    The reverse process splits t in [0, 1] into `steps` equal intervals and LLaDA's noise schedule is linear
-    (paper Eq. (8)), so each step should unmask the same expected number of tokens: m // steps per step, plus one
-    for each of the first m % steps steps (m = masks in the block). With more steps than masks, the last steps
-    unmask nothing. block_mask_index (B, Lb) bool -> (B, steps) long, summing to m per row.
-    """
-    m = block_mask_index.sum(dim=1, keepdim=True)  # (B, 1)
-    extra = torch.arange(steps, device=m.device)[None, :] < (m % steps)  # (B, steps): the first m % steps steps
-    return m // steps + extra.long()
-
-
-def add_gumbel_noise(logits, temperature, u):
-    """Gumbel-max sampling, as the official add_gumbel_noise: argmax of exp(logits) / (-log u)^temperature, which
-    is argmax(logits / temperature + Gumbel noise), a draw from softmax(logits / temperature).
-
-    In float64 because, per the official docstring, low-precision Gumbel-max lowers MDM perplexity but hurts
-    generation quality (arXiv:2409.02908). u: uniforms in [0, 1), float64, same shape as logits; they are drawn by
-    the caller so that the draw can cover the official (B, L, V) shape. temperature 0 returns the logits untouched
-    (greedy, in the model's dtype, as the official code).
-    """
-    if temperature == 0:
-        return logits
-    return logits.to(torch.float64).exp() / (-torch.log(u)) ** temperature
-
-
-def low_confidence(logits, x0):
-    """The model's probability of each candidate: softmax of the (guided, un-noised) logits at x0.
-
-    The softmax runs in the logits' dtype, exactly as the official `F.softmax(logits, dim=-1)` (bf16 for the real
-    model, so confidences round to 8 mantissa bits and tie often; transfer_index resolves ties like the official
-    torch.topk). logits (N, V), x0 (N,) -> (N,).
-    """
-    p = F.softmax(logits, dim=-1)
-    return torch.gather(p, -1, x0[:, None]).squeeze(-1)
-
-
-def transfer_index(confidence, k):
-    """Mark the k[b] most confident positions of each row b: confidence (B, L), k (B,) -> (B, L) bool.
-
-    The official code calls torch.topk(confidence[b], k[b]) row by row. We call torch.topk once for the whole batch
-    at k = max(k) and keep each row's first k[b] indices (topk returns them sorted by confidence). Within a
-    generate() call every row has the same k (each block starts fully masked in every row), and then this is
-    exactly the official call, ties included: topk treats each row of a batch as it treats a lone row (on the CPU
-    an introselect whose tie order is not "lowest index first", so a stable sort would NOT reproduce it). For
-    unequal k, each row still gets a valid top-k[b] set, but equal confidences at its boundary may be resolved
-    differently from a per-row topk call.
-    """
-    k_max = int(k.max())
-    top = torch.topk(confidence, k_max, dim=-1).indices  # (B, k_max), most confident first
-    keep = torch.arange(k_max, device=k.device)[None, :] < k[:, None]  # (B, k_max)
-    return torch.zeros_like(confidence, dtype=torch.bool).scatter_(-1, top, keep)
-
-
-def padded_positions(attention_mask):
-    """Dream's RoPE positions for a left-padded batch, as its official generation computes them (tok_idx): a real
-    token's index among its row's real tokens, cumsum(mask) - 1, and 1 on the pads; None when nothing is padded
-    (positions 0 .. L - 1). attention_mask (B, L) or None -> (B, L) long or None."""
-    if attention_mask is None or bool(attention_mask.all()):
-        return None
-    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
-
-
 @dataclass
 class CacheUse:
     """How one forward of the fast sampler uses its key/value cache (guided_logits): `kv`, an empty list, is filled
@@ -221,73 +365,6 @@ class CacheUse:
     span: tuple = None
     attn_rows: tuple = None
     write: bool = False
-
-
-def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, cache=None):
-    """Logits (N, V) at the N eligible positions (row-major order), with classifier-free guidance if cfg_scale > 0:
-    at each position, the logits that predict its token.
-
-    One forward pass over the whole sequence gives hidden states; the LM head then runs on the eligible rows only.
-    Unsupervised CFG (LLaDA paper, Appendix B; official code): the batch is stacked with a copy whose prompt
-    positions are masked, and logits = uncond + (cfg_scale + 1) * (cond - uncond), computed in the logits' dtype
-    as the official code does. The head is taken from `.module` under DDP, and the hidden states from calling
-    the wrapper, so that DDP / FSDP see a forward.
-    A model that predicts shifted (Dream: model.predicts_shifted) has its states moved one position right
-    (shift_right, as its official generation moves its logits), and a left-padded batch gets Dream's official
-    positions (padded_positions: RoPE is relative and the pads are invisible, so they change only the rounding, and
-    give the official numbers); LLaDA's are used as they are, positions 0 .. L - 1, as its official sampler does.
-    cache: a CacheUse (the fast sampler), None for a plain forward.
-    """
-    kv_cache, span, attn_rows, write = (None, None, None, False) if cache is None else (
-        cache.kv, cache.span, cache.attn_rows, cache.write)
-    raw = getattr(model, "module", model)
-    shifted = getattr(raw, "predicts_shifted", False)
-    s, e = span or (0, x.shape[1])
-    # Dream reads token s's prediction at position s - 1, so a span runs from one position earlier: that position's
-    # state is computed afresh, seeing the block's current tokens, where a state kept from the step that built the
-    # cache would be stale (and the block's first token would keep the prediction of a fully masked block)
-    lo = max(s - 1, 0) if shifted else s
-    if cfg_scale > 0:  # the official test is `if cfg_scale > 0.`
-        un_x = x.masked_fill(prompt_index, mask_id)  # prompt masked: the unconditional input
-        x = torch.cat([x, un_x], dim=0)  # (2B, L)
-        attention_mask = None if attention_mask is None else torch.cat([attention_mask, attention_mask], dim=0)
-    kw = {} if attn_rows is None else {"attn_rows": (attn_rows[0] - lo, attn_rows[1] - lo, attn_rows[2])}
-    if write:
-        kw["kv_write"] = True
-    if shifted:
-        kw["position_ids"] = padded_positions(attention_mask)  # (B or 2B, L) or None
-    if kv_cache is None:
-        h = model(x, attention_mask=attention_mask, return_hidden=True, **kw)  # (B or 2B, L, D)
-    else:
-        h = model(x[:, lo:e], attention_mask=attention_mask, return_hidden=True, kv_cache=kv_cache, start=lo, **kw)
-    if shifted:
-        h = shift_right(h)[:, s - lo:]  # (B or 2B, e - s, D): the state predicting each token of s .. e - 1
-    head = raw.head
-    if cfg_scale <= 0:
-        return head(h[eligible[:, s:e]])  # (N, V)
-    B = len(eligible)
-    logits, un_logits = head(torch.cat([h[:B][eligible[:, s:e]], h[B:][eligible[:, s:e]]], dim=0)).chunk(2, dim=0)
-    return un_logits + (cfg_scale + 1) * (logits - un_logits)
-
-
-def candidates(logits, x, eligible, temperature, remasking, generator):
-    """The eligible positions' candidate tokens and their confidence, drawn as the official loop draws them:
-    logits (N, V) at the eligible positions of x (B, L) -> x0 (B, L), x with the candidates in (the official
-    torch.where(mask_index, x0, x)), and confidence (B, L), -inf where nothing may change.
-
-    A candidate is the argmax, or the Gumbel-max if temperature > 0: the (N, V) uniforms are drawn over the official
-    (B, L, V), 8 bytes each as there, so that one RNG state gives the official tokens. Its confidence is its
-    probability (low_confidence, in the logits' dtype) or, remasking "random", a (B, L) float32 uniform, as the
-    official code draws it."""
-    (B, L), V = x.shape, logits.shape[-1]
-    u = uniforms((B, L, V), generator, x.device, torch.float64)[eligible] if temperature else None
-    x0 = torch.argmax(add_gumbel_noise(logits, temperature, u), dim=-1)  # (N,)
-    if remasking == "low_confidence":
-        x0_p = low_confidence(logits, x0)  # (N,)
-    else:
-        x0_p = uniforms((B, L), generator, x.device)[eligible]  # (N,)
-    confidence = torch.full((B, L), float("-inf"), dtype=x0_p.dtype, device=x.device)
-    return x.masked_scatter(eligible, x0), confidence.masked_scatter(eligible, x0_p)
 
 
 def check_arguments(where, renamed=(), **values):
@@ -302,86 +379,6 @@ def check_arguments(where, renamed=(), **values):
         raise ValueError(f"{where}: {message}") from None
 
 
-def check_tensors(prompt, attention_mask, generator, where):
-    """A sampler's tensors, before any forward pass (its options are SamplerOptions' check): a prompt of token ids
-    (B, P), an attention mask of its shape, one generator or one per row."""
-    if prompt.dim() != 2:
-        raise ValueError(f"{where}: prompt must be (batch, prompt_len) token ids, got shape {tuple(prompt.shape)}; "
-                         f"use prompt[None] for a single prompt")
-    if attention_mask is not None and attention_mask.shape != prompt.shape:
-        raise ValueError(f"{where}: attention_mask {tuple(attention_mask.shape)} must have the prompt's shape "
-                         f"{tuple(prompt.shape)}")
-    if isinstance(generator, (list, tuple)) and len(generator) != len(prompt):
-        raise ValueError(f"{where}: {len(generator)} generators for {len(prompt)} rows")
-
-
-def append_masks(prompt, attention_mask, gen_length, mask_id):
-    """The sampler's start: x = the prompt then gen_length masks (B, P + gen_length), and the attention mask
-    extended with ones (the answer is attended to)."""
-    x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long, device=prompt.device)
-    x[:, :prompt.shape[1]] = prompt
-    if attention_mask is not None:
-        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(prompt.shape[0], gen_length)], dim=1)
-    return x, attention_mask
-
-
-# -----------------------------------------------------------------------------
-# The exact sampler: the official generate(), loop for loop
-
-
-@torch.no_grad()
-def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, block_length=128, temperature=0.,
-             cfg_scale=0., remasking="low_confidence", mask_id=None, generator=None):
-    """LLaDA's official generate(), batched: the same arguments, random draws and tokens. Returns x
-    (B, prompt_len + gen_length), prompt included.
-
-    model: called as model(x, attention_mask=..., return_hidden=True) -> (B, L, D), with the LM head at
-        getattr(model, "module", model).head; put it in eval mode first (LoRA dropout). A Dream model
-        (model.predicts_shifted) is sampled the same way, each token read from the logits that predict it (position
-        i - 1), with Dream's official positions for a padded batch: the official LLaDA loop run on Dream's logits
-        shifted as its generation code shifts them (tests/test_dream_cli.py).
-    prompt: (B, P) token ids; left-pad a batch of prompts and give attention_mask (B, P), 0 on the pads.
-    steps: sampling steps in all, split evenly over the gen_length / block_length blocks.
-    block_length < gen_length: semi-autoregressive, one block at a time, left to right.
-    temperature: 0 = greedy; > 0 samples with float64 Gumbel noise.
-    cfg_scale: unsupervised classifier-free guidance scale (0 = off).
-    remasking: "low_confidence" (unmask the most probable predictions) or "random".
-    mask_id: defaults to model.config.mask_token_id.
-    generator: torch.Generator on the prompt's device for the random draws (None: the global RNG, as official).
-        The draws have the official shapes and order ((B, L, V) float64 uniforms for the noise, then (B, L)
-        float32 for random remasking), so the same RNG state gives the official tokens. A list of B generators
-        draws each row's noise from its own (a row's tokens then do not depend on its batch).
-    """
-    mask_id = getattr(model, "module", model).config.mask_token_id if mask_id is None else mask_id
-    check_arguments("sample.py generate", gen_length=gen_length, steps=steps, block_length=block_length,
-                    temperature=temperature, cfg_scale=cfg_scale, remasking=remasking)
-    check_tensors(prompt, attention_mask, generator, "sample.py generate")
-    x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
-    prompt_index = x != mask_id  # what CFG masks: every non-mask token at the start, left pads included
-    positions = torch.arange(x.shape[1], device=x.device)  # (L,)
-
-    num_blocks = gen_length // block_length
-    steps = steps // num_blocks  # per block, as in the official code
-    for num_block in range(num_blocks):
-        block_end = prompt.shape[1] + (num_block + 1) * block_length
-        block_mask_index = x[:, block_end - block_length:block_end] == mask_id  # (B, block_length)
-        num_transfer_tokens = get_num_transfer_tokens(block_mask_index, steps)  # (B, steps)
-        for i in range(steps):
-            mask_index = x == mask_id  # (B, L)
-            # the official confidence is -inf after the block and where x is no mask: only these N positions can
-            # change (masks left in earlier blocks included), so the LM head runs only there
-            eligible = mask_index & (positions < block_end)  # (B, L)
-            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id)  # (N, V)
-            # candidates and their confidence, drawn as the official loop draws them
-            x0, confidence = candidates(logits, x, eligible, temperature, remasking, generator)  # (B, L) each
-
-            # the k most confident positions take their candidates (the official transfer_index); a candidate
-            # equal to mask_id leaves its position masked, and eligible again at the next step, as officially
-            transfer = transfer_index(confidence, num_transfer_tokens[:, i])  # (B, L) bool
-            x[transfer] = x0[transfer]
-    return x
-
-
 # -----------------------------------------------------------------------------
 # The fast sampler (Fast-dLLM, arXiv 2505.22618): key/value cache and confidence-threshold parallel decoding
 
@@ -393,10 +390,9 @@ def attention_drift(attn, built, tracked, reference, gamma, block_start):
     L positions; built (B,) bool: the rows whose cache this step built. tracked (n_layers, B) long: the block token
     each row tracks in each layer, reference (n_layers, B, L): its attention row when the row's cache was built
     (None before the block's first step). A built row tracks this step's most attended block token from now on.
-    Returns drifted (B,) bool, True where the cosine similarity between the tracked token's row at the building step
-    and now is below gamma in some layer; and tracked, reference for the next step.
-    Elastic-Cache compares consecutive steps; comparing with the row at the cache's building step also catches a
-    drift that accumulates slowly (bench/README.md, section 3b, has what each costs and keeps)."""
+    Returns drifted (B,) bool (the tracked token's row's cosine similarity to its building-step row below gamma in
+    some layer) and tracked, reference for the next step. Comparing with the building step, not the last step as
+    Elastic-Cache does, also catches a slow drift (bench/README.md, section 3b)."""
     n, B, Lb, L = attn.shape
     received = attn[:, :, :, block_start:block_start + Lb].sum(2)  # (n_layers, B, Lb): what each block token receives
     most = received.argmax(-1)  # (n_layers, B)
@@ -430,10 +426,8 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
     on a schedule (options.cache_refresh) or when attention drifts (options.cache_drift); SamplerOptions says what
     each does. options: a SamplerOptions with gen_length, steps and block_length set. The other arguments and the
     random draws are generate()'s; options with cache=None and threshold=None give generate()'s tokens.
-    refresh_cache_every_step: rebuild the cache at every step (a check: the cache is then exact; no speed-up). The
-        tokens are then the exact sampler's as long as every block ends fully unmasked: a position whose candidate
-        was the mask token stays masked, and the exact sampler offers it again in the later blocks, while a cached
-        step offers the current block's masks only (tests/test_sample_eval_refusals.py shows both cases).
+    refresh_cache_every_step: rebuild the cache at every step (a check: the exact sampler's tokens as long as every
+        block ends fully unmasked; tests/test_sample_eval_refusals.py shows both cases).
     """
     o = options or SamplerOptions()  # checked when built
     if None in (o.gen_length, o.steps, o.block_length):
@@ -441,7 +435,7 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
                          f"block_length ({o.block_length}) must be set; e.g. SamplerOptions(gen_length=128, steps=128, "
                          "block_length=32, cache='dual')")
     check_tensors(prompt, attention_mask, generator, "sample.py generate_cached")
-    mask_id = getattr(model, "module", model).config.mask_token_id if mask_id is None else mask_id
+    mask_id = unwrap(model).config.mask_token_id if mask_id is None else mask_id
     x, attention_mask = append_masks(prompt, attention_mask, o.gen_length, mask_id)  # (B, L), (B, L) or None
     prompt_index = x != mask_id
     B, L = x.shape
@@ -610,9 +604,8 @@ def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, s
     row (dream_num_transfer), the k most confident (maskgit_plus: probability, topk_margin: top1 - top2 margin,
     entropy: negative entropy), or, with alg_temp > 0, k drawn from softmax(confidence / alg_temp).
 
-    model: Dream (model.predicts_shifted), called as model(x, attention_mask, position_ids=..., return_hidden=True);
-        its LM head runs only at the masked positions (the same numbers on the CPU; a GPU library may round another
-        row count differently). Put it in eval mode first.
+    model: Dream (model.predicts_shifted), in eval mode, called as model(x, attention_mask, position_ids=...,
+        return_hidden=True); its LM head runs only at the masked positions (docs/samplers.md: the same numbers).
     prompt: (B, P) ids; left-pad a batch and give attention_mask (B, P), 0 on the pads. As officially, a mask with
         any 0 makes pads invisible (queries and keys) and positions cumsum(mask) - 1 (pads 1); otherwise (None or
         all ones) attention is full and positions are 0 .. L - 1.
@@ -622,20 +615,13 @@ def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, s
         multinomial of the tokens; the others: the multinomial of the tokens, then that of the positions), so
         torch.Generator().manual_seed(S) gives the official tokens of a run made after torch.manual_seed(S).
 
-    The official trap: called without a generation_config, the official method ignores generation_config.json and
-    inherits Hugging Face's legacy defaults from the model config, temperature 1.0 and top_k 50 (so "greedy" calls
-    sample). Ours takes exactly what it is given, and its defaults are greedy: those of the real checkpoints'
-    generation_config.json (alg origin, steps 512, eps 1e-3, temperature 0, no top_p / top_k). The same defaults
-    bite a call that passes temperature=0 but not top_k: the official config is still built by from_model_config,
-    so top_k = 50 stays in force, and since top_k filters the logits before the softmax at every temperature, the
-    confidences (and so the unmasking order of maskgit_plus / topk_margin / entropy) are those of the 50 kept logits;
-    its tokens are ours with top_k=50, not ours with the default top_k=None. Pass top_k=None to the official method
-    for the tokens ours gives by default (tests/test_dream_sample.py shows both on stored cases).
+    The official method called without a generation_config inherits temperature 1.0 and top_k 50 from
+    Hugging Face's defaults; ours takes what it is given, greedy by default (docs/samplers.md).
     """
-    raw = getattr(model, "module", model)  # under DDP / FSDP the config and head are the wrapped module's
+    module = unwrap(model)  # under DDP the config and head are the wrapped module's
     where = "sample.py diffusion_generate"
-    if not raw.predicts_shifted:
-        raise ValueError(f"{where}: the model is not Dream (config model_type {raw.config.model_type!r}), whose "
+    if not module.predicts_shifted:
+        raise ValueError(f"{where}: the model is not Dream (config model_type {module.config.model_type!r}), whose "
                          f"logits at i - 1 predict token i; LLaDA's sampler is generate()")
     check_arguments(where, [("gen_length", "max_new_tokens")], sampler="dream", gen_length=max_new_tokens, steps=steps,
                     eps=eps, alg=alg, alg_temp=alg_temp, temperature=temperature, top_p=top_p, top_k=top_k)
@@ -643,7 +629,7 @@ def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, s
         raise ValueError(f"{where}: generator must be one torch.Generator or None, got {type(generator).__name__}: "
                          f"the official draws span the whole batch (one uniform per mask), not one row each")
     check_tensors(prompt, attention_mask, None, where)
-    mask_id, head = raw.config.mask_token_id, raw.head
+    mask_id, head = module.config.mask_token_id, module.head
     x = F.pad(prompt, (0, max_new_tokens), value=mask_id)  # (B, L), L = P + max_new_tokens
     if attention_mask is not None:
         attention_mask = F.pad(attention_mask, (0, max_new_tokens), value=1)  # (B, L): the answer is attended to
@@ -706,25 +692,23 @@ def check_sampler_options(o, source=None):
         return (f"{key}={value!r}" if source is None else f"--{key.replace('_', '-')} {value}" if source == "flags"
                 else f"{source}: field {key!r} = {json.dumps(value)}")
 
+    check_block_arguments(said, o.gen_length, o.steps, o.block_length, o.temperature, o.cfg_scale, o.remasking,
+                          schedule=o.sampler == "block")  # Dream's own sampler has no blocks
     kinds = {"int": (numbers.Integral, "an integer"), "float": (numbers.Real, "a number"), "str": (str, "a string")}
-    for f in fields(o):
+    for f in (f for f in fields(o) if f.name not in BLOCK_ARGUMENTS):
         value, (kind, what) = getattr(o, f.name), kinds[getattr(f.type, "__name__", f.type)]
         if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
             raise ValueError(f"{said(f.name)}: expected {what}")
-    for key, choices in dict(sampler=SAMPLERS, remasking=REMASKING, cache=CACHES, alg=DREAM_ALGS).items():
+    for key, choices in dict(sampler=SAMPLERS, cache=CACHES, alg=DREAM_ALGS).items():
         if getattr(o, key) not in choices:
             where = said(key) if source in (None, "flags") else f"{source}: {key} {getattr(o, key)!r}"
             raise ValueError(f"{where}; expected one of {choices}")
-    for key in ("gen_length", "steps", "block_length", "top_k"):
-        if getattr(o, key) is not None and getattr(o, key) < 1:
-            raise ValueError(f"{said(key)}: must be at least 1")
+    if o.top_k is not None and o.top_k < 1:
+        raise ValueError(f"{said('top_k')}: must be at least 1")
     if o.threshold is not None and not 0 <= o.threshold < 1:
         raise ValueError(f"{said('threshold')}: a confidence in [0, 1)")
-    for key in ("temperature", "cfg_scale", "alg_temp"):
-        value = getattr(o, key)
-        if value is not None and not 0 <= value < math.inf:
-            raise ValueError(f"{said(key)}: must be 0 (" + ("greedy" if key == "temperature" else "off") +
-                             ") or more, a finite number")
+    if o.alg_temp is not None and not 0 <= o.alg_temp < math.inf:
+        raise ValueError(f"{said('alg_temp')}: must be 0 (off) or more, a finite number")
     if o.cache_refresh is not None and (o.cache is None or not isinstance(o.cache_refresh, int) or o.cache_refresh < 1):
         raise ValueError(f"{said('cache_refresh')}: a number of steps >= 1, with --cache prefix or dual")
     if o.cache_drift is not None and (o.cache is None or not 0 < o.cache_drift <= 1):
@@ -736,16 +720,6 @@ def check_sampler_options(o, source=None):
         raise ValueError(f"{said('eps')}: the reverse process's last time, in (0, 1) (Dream's default 1e-3)")
     if o.top_p is not None and not 0 < o.top_p <= 1:
         raise ValueError(f"{said('top_p')}: a probability in (0, 1]")
-    if o.sampler != "block" or None in (o.gen_length, o.steps, o.block_length):
-        return
-    if o.block_length > o.gen_length:
-        raise ValueError(f"{said('block_length')} is longer than {said('gen_length')}")
-    n_blocks = o.gen_length // o.block_length
-    if o.gen_length % o.block_length or o.steps % n_blocks:
-        hint = (f"steps {n_blocks * max(1, o.steps // n_blocks)}" if o.gen_length % o.block_length == 0 else
-                f"block length {o.gen_length} (one block)")
-        raise ValueError(f"{said('gen_length')} must be a multiple of {said('block_length')}, and {said('steps')} a "
-                         f"multiple of the number of blocks {n_blocks}; e.g. {hint}")
 
 
 def check_step_count(o, given=True, source=None):
@@ -795,10 +769,7 @@ def folder_defaults(folder):
     """The model folder's generation_defaults.json ({} when it has none), checked: a JSON object whose sampler fields
     have SamplerOptions' types, choices and ranges (check_sampler_options), and whose other fields are strings; a
     ValueError naming the file and the field otherwise."""
-    path, defaults = Path(folder) / GENERATION_DEFAULTS, generation_defaults(folder)
-    if not isinstance(defaults, dict):
-        raise ValueError(f"{path}: expected a JSON object of settings, e.g. {{\"gen_length\": 128}}, got "
-                         f"{type(defaults).__name__}")
+    path, defaults = Path(folder) / GENERATION_DEFAULTS, generation_defaults(folder)  # a JSON object (read_json)
     for name in FOLDER_TEXT_FIELDS:
         if defaults.get(name) is not None and not isinstance(defaults[name], str):
             raise ValueError(f"{path}: field {name!r} = {json.dumps(defaults[name])}: expected a string")
@@ -813,7 +784,7 @@ def folder_defaults(folder):
 def decode_until_stop(tokenizer, ids):
     """Text of the generated ids up to the first turn end (<|eot_id|>, ChatML's <|im_end|>) or <|endoftext|> (answers
     end in a turn end, then EOS pads)."""
-    stops = {tokenizer.token_to_id(t) for t in ("<|eot_id|>", "<|im_end|>", "<|endoftext|>")} - {None}
+    stops = {tokenizer.token_to_id(t) for t in (EOT, IM_END, EOS)} - {None}
     end = next((i for i, t in enumerate(ids) if t in stops), len(ids))
     return tokenizer.decode(ids[:end], skip_special_tokens=False)
 
@@ -822,25 +793,21 @@ def make_parser():
     """sample.py's flags: the model, the prompt, the sampler's (add_sampler_flags), the device."""
     p = argparse.ArgumentParser(description="Generate from a LLaDA or Dream model (its chat format from its tokenizer) "
                                 "with the block diffusion sampler, or Dream's own (--sampler dream).")
-    p.add_argument("--model", required=True, help="model folder (config.json, safetensors, tokenizer.json), or what "
-                   "gift.py printed: a checkpoint or run folder")
-    p.add_argument("--adapter", default=None,
-                   help="LoRA adapter folder (adapter_config.json, adapter_model.safetensors)")
+    add_model_flags(p)
     p.add_argument("--prompt", default=None, help="the user message; without it, chat interactively on stdin (/reset "
                    "clears the conversation)")
     p.add_argument("--raw", action="store_true", help="complete the prompt text as is, without the chat template")
     add_sampler_flags(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="torch device")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None,
-                   help="weights dtype (default: bfloat16 on cuda, float32 on cpu)")
+    add_dtype_flag(p)
     return p
 
 
 def parse_args(argv=None):
     """sample.py's flags, checked before the model loads (a one-line error naming the flag), and the SamplerOptions
     they give, the fields not given taken from the model folder's generation_defaults.json (options_from_flags) and
-    the lengths still unset from model_lengths. Returns (args, options); args gains .folder, the model folder, and
+    the lengths still unset from with_lengths. Returns (args, options); args gains .folder, the model folder, and
     .adapter, the flag's or the checkpoint's."""
     p = make_parser()
     args = p.parse_args(argv)
@@ -848,8 +815,8 @@ def parse_args(argv=None):
         options_from_flags(args)  # the flags' values, checked (SamplerOptions)
     except ValueError as e:
         p.error(str(e))
-    if not -2 ** 63 <= args.seed < 2 ** 64:
-        p.error(f"--seed {args.seed}: out of the generator's range (a 64-bit integer, e.g. 0)")
+    if args.seed not in SEEDS:
+        p.error(f"--seed {args.seed}: {SEED_RULE}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: this machine has no CUDA device; use --device cpu")
 
@@ -858,7 +825,7 @@ def parse_args(argv=None):
         defaults = folder_defaults(args.folder)  # what the model was trained to answer with (the embedded task's)
         options = options_from_flags(args, defaults)
         check_sampler_choice(args, options, args.folder)
-        options = model_lengths(options)
+        options = with_lengths(options, 128, 32, 1, "flags")  # unset: 128 tokens, one per step, blocks of 32
         check_step_count(options, given=args.steps is not None)  # the lengths filled in
         check_lengths(options, args.folder)
         args.adapter = args.adapter or adapter
@@ -868,20 +835,22 @@ def parse_args(argv=None):
     return args, options
 
 
-def model_lengths(options):
-    """sample.py's lengths where neither a flag nor the model folder gave them: gen_length 128, block_length
-    min(32, gen_length) and steps = gen_length (one token per step)."""
-    gen_length = options.gen_length or 128
-    block_length = options.block_length or min(32, gen_length)
-    return replace(options, gen_length=gen_length, steps=options.steps or gen_length, block_length=block_length,
-                   source="flags")
+def with_lengths(options, gen_length, block_length, tokens_per_step, source=None):
+    """The options with their unset lengths filled in (the one rule of sample.py's, eval.py's d1 protocol and
+    GiftLM's): gen_length, block_length (at most gen_length), steps = gen_length / tokens_per_step in whole blocks
+    (at least one per block). source: who gave them, as SamplerOptions names it in a refusal."""
+    gen = options.gen_length or gen_length
+    block = options.block_length or min(block_length, gen)
+    blocks = max(1, gen // block)
+    steps = options.steps or max(blocks, gen // tokens_per_step // blocks * blocks)
+    return replace(options, gen_length=gen, steps=steps, block_length=block, source=source)
 
 
 def load_model(args, options=None):
     """The model in eval mode (LoRA dropout off), its adapter loaded, on --device in --dtype; and its tokenizer. The
     tokenizer is checked against config.json (chat tokens, ids within the embedding) and, with `options`, --prompt's
     length against the context, before the weights load."""
-    dtype = compute_dtype(args.dtype or "auto", args.device)  # model.py's rule: bf16 on a GPU, float32 on the CPU
+    dtype = compute_dtype(args.dtype, args.device)  # auto: bf16 on a GPU, float32 on the CPU
     with loading(args.folder, args.adapter):
         tokenizer = load_tokenizer(args.folder)
         config = LLaDAConfig.from_json(Path(args.folder) / "config.json")

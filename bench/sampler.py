@@ -186,20 +186,19 @@ def bench_fast(name, shapes, shape, a, device, dtype):
 
 def bench_sudoku(model_dir, a, device, dtype):
     """Held-out Sudoku with every FAST_MODES mode: the model folder's own held-out puzzles (sudoku_heldout.csv, which
-    gift.py's embedded run saves with it; else gift.build_embedded_task's for --seed 42) and the embedded task's
-    generation settings (gift.EMBEDDED_EVAL), graded by eval.py."""
-    import gift
-    from data import load_tokenizer
+    gift.py's embedded run saves with it; else data.embedded_task's for gift.py's default --seed 42) and the embedded
+    task's generation settings (data.EMBEDDED_EVAL), graded by eval.py."""
+    from data import EMBEDDED_EVAL, embedded_task, load_tokenizer
     from eval import SUDOKU_QUESTION, evaluate, load_sudoku
     if (Path(model_dir) / "sudoku_heldout.csv").is_file():
         items = load_sudoku(Path(model_dir) / "sudoku_heldout.csv", subset=False)[:a.sudoku_puzzles]
     else:
-        heldout = gift.build_embedded_task(42, a.sudoku_puzzles)[4]
+        _, _, heldout = embedded_task(42, a.sudoku_puzzles)  # (tokenizer, training examples, held-out pairs)
         items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
     model = LLaDA.from_pretrained(model_dir, dtype=dtype, device=device).eval()
     tokenizer = load_tokenizer(model_dir)
     rows, exact = [], None
-    embedded = gift.EMBEDDED_EVAL
+    embedded = EMBEDDED_EVAL
     for mode, cache, threshold, refresh, drift in FAST_MODES:
         options = SamplerOptions(gen_length=embedded["gen_length"], steps=embedded["steps"],
                                  block_length=embedded["block_length"], cache=cache, threshold=threshold,

@@ -16,8 +16,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
 import gift  # noqa: E402
-from data import (SUDOKU_ANSWER, SUDOKU_TASK_PROMPT, SUDOKU_UNITS, encode, make_char_tokenizer,  # noqa: E402
-                  sudoku_examples, sudoku_split)
+from data import (EMBEDDED_EVAL, SUDOKU_ANSWER, SUDOKU_TASK_PROMPT, SUDOKU_UNITS, encode,  # noqa: E402
+                  make_char_tokenizer, sudoku_examples, sudoku_split)
 from gift import collate  # noqa: E402
 from eval import SUDOKU_QUESTION, build_prompt, evaluate  # noqa: E402
 from sample import SamplerOptions  # noqa: E402
@@ -112,9 +112,9 @@ def shapes(tokenizer, pairs, plan=None):
 
 
 def evaluate_heldout(model, tokenizer, heldout, batch_size, plan=None):
-    """Held-out grades with eval.evaluate (greedy, the 34-token answer in 34 steps as gift.EMBEDDED_EVAL): the
+    """Held-out grades with eval.evaluate (greedy, the 34-token answer in 34 steps as data.EMBEDDED_EVAL): the
     counts (hits, trials) of each metric -- cells right among the blanks (d1's metric), whole puzzles solved."""
-    e = gift.EMBEDDED_EVAL
+    e = EMBEDDED_EVAL
     options = SamplerOptions(gen_length=e["gen_length"], steps=e["steps"], block_length=e["block_length"])
     t0 = time.time()
     _, records = evaluate(model, tokenizer, heldout_items(heldout), "sudoku", options, batch_size=batch_size,

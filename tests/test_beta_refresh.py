@@ -116,6 +116,7 @@ def test_resume_inside_a_reuse_period_restores_the_cache(base, tmp_path, monkeyp
     monkeypatch.setattr(gift, "train_step", step)
     with pytest.raises(SystemExit):
         main(train_args(base, tmp_path / "cut", *extra))
+    assert len(done) == 4  # the hook ran: its signal stopped the run
     monkeypatch.undo()
     rows = entropy_pass_rows_by_epoch(monkeypatch)
     main(train_args(base, tmp_path / "cut", *extra, "--resume"))

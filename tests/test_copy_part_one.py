@@ -1,10 +1,15 @@
 """gift.py's Part I is copyable: its text, cut between its banners into a module outside the repository, uses only
 math and torch and computes the repository's loss bit for bit, with this repo's LLaDA, with a plain torch model that
 is not this repo's, and through the Hugging Face interface of the official LLaDA (`output_hidden_states=True`,
-`.logits`, the `ff_out` head)."""
+`.logits`, the `ff_out` head). And so is sample.py's exact sampler: its bannered section, copied beside a copy of
+model.py, gives sample.generate's tokens on LLaDA and Dream, and its own uniforms draw what gift.py's do."""
 
 import ast
+import importlib
 import importlib.util
+import shutil
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +18,7 @@ import torch.nn as nn
 from conftest import REPO, assert_float32_close, model_depth, tiny_model
 
 import gift
+import sample
 
 pytestmark = pytest.mark.numerics  # float32 against goldens and other code paths (conftest.py)
 
@@ -160,3 +166,161 @@ def test_the_copy_through_the_hugging_face_interface(copied, name):
     assert_float32_close(by_logits[0], ours[0], depth)
     for a, b in zip(by_logits[1], ours[1]):
         assert_float32_close(a, b, 2 * depth)
+
+
+# -----------------------------------------------------------------------------
+# sample.py's exact sampler, copied: its bannered section beside a copy of model.py
+
+SAMPLER = "# The exact sampler"
+SAMPLER_IMPORTS = {"math", "numbers", "torch", "model", "dataclasses"}  # the standard library, torch, model.py
+
+
+def banner_section(path, title):
+    """The section of the file `path` under the '# ===' banner whose first title line starts with `title`: from the
+    banner's rule line to the next banner's rule line (the section's own closing rule, right under its title, kept)."""
+    lines = path.read_text().splitlines(keepends=True)
+    start = next((i - 1 for i, line in enumerate(lines)
+                  if i and line.startswith(title) and lines[i - 1].startswith("# ===")), None)
+    if start is None:
+        pytest.fail(f"{path.name}: no '# ===' banner line followed by a line starting {title!r}", pytrace=False)
+    body = start + 1
+    while body < len(lines) and lines[body].startswith("#") and not lines[body].startswith("# ==="):
+        body += 1  # the title's lines
+    body += body < len(lines) and lines[body].startswith("# ===")  # and its closing rule
+    end = next((i for i in range(body, len(lines)) if lines[i].startswith("# ===")), None)
+    if end is None:
+        pytest.fail(f"{path.name}: the section {title!r} ends at no '# ===' banner line", pytrace=False)
+    return "".join(lines[start:end])
+
+
+def imported_modules(text):
+    imported = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or ".").split(".")[0])
+    return imported
+
+
+@pytest.fixture(scope="module")
+def copied_sampler(tmp_path_factory):
+    """sample.py's exact-sampler section, written to a fresh folder beside a copy of model.py and imported from
+    there as `copied_sampler`, the repository's folder off sys.path: its `import model` reads the copy (sys.path and
+    sys.modules["model"] are restored afterwards). Returns (the module, its text, the model.py copy it imported)."""
+    text = banner_section(REPO / "sample.py", SAMPLER)
+    folder = tmp_path_factory.mktemp("elsewhere_sampler")
+    (folder / "copied_sampler.py").write_text(text)
+    shutil.copy(REPO / "model.py", folder / "model.py")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "path", [str(folder)] + [p for p in sys.path if Path(p or ".").resolve() != REPO])
+        mp.delitem(sys.modules, "model", raising=False)
+        importlib.invalidate_caches()
+        spec = importlib.util.spec_from_file_location("copied_sampler", folder / "copied_sampler.py")
+        module = importlib.util.module_from_spec(spec)
+        mp.setitem(sys.modules, "copied_sampler", module)
+        spec.loader.exec_module(module)
+        copied_model = sys.modules.get("model")
+    return module, text, copied_model
+
+
+def test_the_sampler_section_imports_only_math_torch_dataclasses_and_model(copied_sampler):
+    """The section is the exact sampler alone, copyable with model.py: no data.py, gift.py or longjob.py, its own
+    uniforms (not gift.py's), and what it takes from model.py taken from the copy beside it."""
+    module, text, copied_model = copied_sampler
+    imported = imported_modules(text)
+    assert imported and imported <= SAMPLER_IMPORTS, f"the sampler section imports {sorted(imported - SAMPLER_IMPORTS)}"
+    assert "generate" in vars(module) and module.generate.__module__ == "copied_sampler"
+    assert "uniforms" in vars(module) and module.uniforms.__module__ == "copied_sampler"
+    assert not hasattr(module, "generate_cached") and not hasattr(module, "main")  # the fast sampler, the CLI: not here
+    from_model = {name for name, value in vars(module).items() if getattr(value, "__module__", None) == "model"}
+    if from_model or "model" in imported:
+        assert Path(copied_model.__file__).parent == Path(module.__file__).parent  # the copy, not the repository's
+        assert all(getattr(module, name) is getattr(copied_model, name, None) for name in from_model), from_model
+
+
+def llada_inputs():
+    """tiny_model (weights std 0.2: a spread of choices, not near-uniform logits) and two prompts of 6 tokens."""
+    model = tiny_model(3, std=0.2).eval()
+    prompt = torch.randint(0, model.config.vocab_size - 2, (2, 6), generator=torch.Generator().manual_seed(1))
+    return model, prompt
+
+
+def dream_inputs():
+    """tests/test_dream_cli.py's tiny Dream (float64, q/k/v biases, grouped-query heads) and two character prompts."""
+    from test_dream_cli import random_text_ids, tiny_dream
+    model, _ = tiny_dream(seed=2)
+    return model, torch.stack([random_text_ids(6, s) for s in (1, 2)])
+
+
+GENERATE_CASES = {
+    "greedy": dict(steps=8, gen_length=8, block_length=8),
+    "temperature": dict(steps=8, gen_length=8, block_length=8, temperature=1.0),
+    "cfg": dict(steps=8, gen_length=8, block_length=8, cfg_scale=1.0),
+    "random_remasking": dict(steps=8, gen_length=8, block_length=8, temperature=1.0, remasking="random"),
+    "blocks": dict(steps=8, gen_length=16, block_length=4),
+    "left_padded": dict(steps=8, gen_length=16, block_length=4, temperature=1.0, padded=True),
+    "per_row_generators": dict(steps=8, gen_length=8, block_length=8, temperature=1.0, per_row=True),
+}
+
+
+@pytest.mark.parametrize("family", ["llada", "dream"])
+@pytest.mark.parametrize("case", list(GENERATE_CASES))
+def test_the_copied_sampler_gives_sample_generates_tokens(copied_sampler, family, case, one_thread):
+    """The copy's generate and sample.generate, on the same model, prompts and seeds, give the same tokens (greedy,
+    Gumbel-max at temperature 1, CFG, random remasking, several blocks, a left-padded batch, per-row generators):
+    a reader who copies the section samples what the repository samples, on LLaDA and on Dream (whose tokens are
+    read one position to the left, through the copy's model.shift_right)."""
+    module, _, _ = copied_sampler
+    model, prompt = llada_inputs() if family == "llada" else dream_inputs()
+    kw = dict(GENERATE_CASES[case])
+    padded, per_row = kw.pop("padded", False), kw.pop("per_row", False)
+    attention_mask = None
+    if padded:  # row 0 left-padded by 3: pad ids and attention_mask 0 there
+        attention_mask = torch.ones_like(prompt)
+        attention_mask[0, :3] = 0
+        prompt = prompt.masked_fill(attention_mask == 0, model.config.pad_token_id)
+
+    def run(generate):
+        generator = ([torch.Generator().manual_seed(7 + r) for r in range(len(prompt))] if per_row
+                     else torch.Generator().manual_seed(7))
+        return generate(model, prompt.clone(), attention_mask, generator=generator, **kw)
+
+    ours = run(sample.generate)
+    assert ours.shape == (len(prompt), prompt.shape[1] + kw["gen_length"])
+    assert (ours[:, prompt.shape[1]:] != model.config.mask_token_id).any()  # it sampled something
+    assert torch.equal(run(module.generate), ours)
+
+
+def test_the_copied_sampler_refuses_blocks_that_do_not_divide_the_answer(copied_sampler):
+    """gen_length 20 is no whole number of blocks of 8: the copy refuses it, as sample.generate does, before any
+    forward pass, with a ValueError (not an assertion, which `python -O` strips)."""
+    module, _, _ = copied_sampler
+    model, prompt = llada_inputs()
+    for generate in (module.generate, sample.generate):
+        with pytest.raises(ValueError):
+            generate(model, prompt, gen_length=20, block_length=8, steps=4)
+
+
+@pytest.mark.parametrize("shape", [(3,), (2, 5), (2, 3, 7)])
+@pytest.mark.parametrize("dtype", [None, torch.float32, torch.float64], ids=["default", "float32", "float64"])
+def test_the_copied_uniforms_draw_what_gifts_draw(copied_sampler, shape, dtype):
+    """One draw rule for training and sampling: the section's own uniforms (and sample.uniforms) give gift.py Part
+    I's uniforms bit for bit, from one generator, from one generator per row, and from torch's global RNG."""
+    module, _, _ = copied_sampler
+    rules = dict(gift=gift.uniforms, copy=module.uniforms, sample=sample.uniforms)
+
+    def draws(generators):
+        out = {}
+        for name, uniforms in rules.items():
+            with torch.random.fork_rng():
+                torch.manual_seed(11)  # the global RNG, for generators=None
+                out[name] = uniforms(shape, generators(), torch.device("cpu"), dtype)
+        return out
+
+    for generators in (lambda: torch.Generator().manual_seed(5),
+                       lambda: [torch.Generator().manual_seed(20 + r) for r in range(shape[0])],
+                       lambda: None):
+        out = draws(generators)
+        assert out["gift"].shape == shape and out["gift"].dtype == (dtype or torch.get_default_dtype())
+        assert torch.equal(out["copy"], out["gift"]) and torch.equal(out["sample"], out["gift"])

@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
 from conftest import tiny_model
 
 import gift
@@ -138,6 +139,7 @@ def test_fsdp2_bf16_checkpointed_step_keeps_rope_float32(device, tmp_path, monke
         monkeypatch.setattr(gift, "FSDP_ONE_GROUP_MAX_PARAMS", 0)
         fsdp = wrap_model(on(model, "cpu", torch.float32), device, torch.bfloat16, world=2,
                           activation_checkpointing=True).train()
+        assert all(isinstance(block, FSDPModule) for block in fsdp.model.transformer.blocks)  # the patch took
         ropes = []
         for block in fsdp.model.transformer.blocks:
             block.register_forward_pre_hook(lambda module, args: ropes.append(args[1].real.cpu()))

@@ -185,14 +185,16 @@ def test_a_row_the_drift_test_flags_is_rebuilt_and_sees_the_exact_tokens(monkeyp
     made to flag row 0 at every step, row 0 gets generate's tokens and rows 1, 2 the plain cached sampler's."""
     model, _ = tiny_dream(no_mask=True)
     ids, mask, _ = padded_batch()
-    real = sample.attention_drift
+    real, calls = sample.attention_drift, []
     kw = dict(gen_length=16, steps=8, block_length=4)
 
     def row_zero(*args):
+        calls.append(1)
         return (torch.tensor([True, False, False]),) + real(*args)[1:]
     plain = generate_cached(model, ids, mask, SamplerOptions(cache=cache, **kw))
     monkeypatch.setattr(sample, "attention_drift", row_zero)
     flagged = generate_cached(model, ids, mask, SamplerOptions(cache=cache, cache_drift=0.9, **kw))
+    assert calls  # the hook ran
     assert torch.equal(flagged[0], generate(model, ids, mask, **kw)[0]) and torch.equal(flagged[1:], plain[1:])
 
 

@@ -179,10 +179,12 @@ def test_a_shard_overwritten_with_garbage_falls_back_to_the_checkpoint_before(ba
 
 def test_a_kill_during_rotation_leaves_nothing_behind(base, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    real_rmtree = longjob.shutil.rmtree
-    monkeypatch.setattr(longjob.shutil, "rmtree", lambda p, **k: None if "step-0000001" in str(p) else real_rmtree(p, **k))
+    real_rmtree, skipped = longjob.shutil.rmtree, []
+    monkeypatch.setattr(longjob.shutil, "rmtree",
+                        lambda p, **k: skipped.append(p) if "step-0000001" in str(p) else real_rmtree(p, **k))
     main(train_args(base, out, "--save-every", "1", "--max-steps", "3"))  # "killed" while deleting step 1
     monkeypatch.undo()
+    assert skipped  # the hook ran
     main(train_args(base, out, "--save-every", "1", "--max-steps", "4", "--resume"))
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000003", "step-0000004"]
 

@@ -27,20 +27,24 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 # gift.py's command line with test hooks read from the environment: RANK1_DATA (rank 1 reads another --data),
-# SLOW_SETUP (seconds of sleep before the data loads), SLOW_SAVE (seconds of sleep before each checkpoint)
+# SLOW_SETUP (seconds of sleep before the data loads), SLOW_SAVE (seconds of sleep before each checkpoint); each
+# hook is patched in the module that calls it (gift.py loads the data, longjob.py saves the checkpoints) and, when
+# it runs, appends its name to the file HOOKS_FIRED names (the test asserts that it ran)
 WRAPPER = textwrap.dedent(f"""
     import os, sys, time
     sys.path.insert(0, {str(REPO)!r})
-    import gift
+    import gift, longjob
     argv = sys.argv[1:]
     if os.environ.get("RANK") == "1" and os.environ.get("RANK1_DATA"):
         argv[argv.index("--data") + 1] = os.environ["RANK1_DATA"]
-    for name, hook in (("load_dataset", "SLOW_SETUP"), ("save_checkpoint", "SLOW_SAVE")):
+    for module, name, hook in ((gift, "load_dataset", "SLOW_SETUP"), (longjob, "save_checkpoint", "SLOW_SAVE")):
         if os.environ.get(hook):
-            def slow(*a, _real=getattr(gift, name), _s=float(os.environ[hook]), **k):
+            def slow(*a, _real=getattr(module, name), _s=float(os.environ[hook]), _name=name, **k):
+                with open(os.environ["HOOKS_FIRED"], "a") as f:
+                    f.write(_name + "\\n")
                 time.sleep(_s)
                 return _real(*a, **k)
-            setattr(gift, name, slow)
+            setattr(module, name, slow)
     try:  # as gift.py's own command line: a user's mistake in one line from rank 0
         gift.main(argv)
     except (ValueError, OSError, getattr(gift, "RunError", ValueError)) as e:
@@ -59,6 +63,11 @@ def wrapper(tmp_path):
 
 def status(out):
     return json.loads((out / "status.json").read_text())
+
+
+def fired(path):
+    """The wrapper's hooks that ran, in order (the file HOOKS_FIRED names)."""
+    return path.read_text().split() if path.exists() else []
 
 
 def wait_for(condition, proc, timeout=60):
@@ -177,7 +186,8 @@ def test_a_checkpoint_copies_only_what_a_model_folder_needs(base, tmp_path):
 def test_a_repeated_sigterm_is_one_notice_and_a_late_one_exits_at_once_saying_so(base, tmp_path, wrapper):
     extra = ("--lora", "--epochs", "1000", "--save-every", "1000")
     out = tmp_path / "twice"  # the second signal during the checkpoint the first asked for (a slow one)
-    proc = subprocess.Popen([sys.executable, wrapper, *train_args(base, out, *extra)], env=dict(ENV, SLOW_SAVE="1"),
+    proc = subprocess.Popen([sys.executable, wrapper, *train_args(base, out, *extra)],
+                            env=dict(ENV, SLOW_SAVE="1", HOOKS_FIRED=str(tmp_path / "twice.fired")),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(has_record(out), proc)
@@ -189,9 +199,11 @@ def test_a_repeated_sigterm_is_one_notice_and_a_late_one_exits_at_once_saying_so
         proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM and status(out)["state"] == "preempted"  # with a checkpoint
     assert status(out)["checkpoint"] == str(latest(out))
+    assert "save_checkpoint" in fired(tmp_path / "twice.fired")  # the slow save ran
     out = tmp_path / "late"  # a second signal during a slow checkpoint: no waiting, but status.json says so
     proc = subprocess.Popen([sys.executable, wrapper, *train_args(base, out, *extra)],
-                            env=dict(ENV, SLOW_SAVE="20"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            env=dict(ENV, SLOW_SAVE="20", HOOKS_FIRED=str(tmp_path / "late.fired")),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(has_record(out), proc)
         proc.send_signal(signal.SIGTERM)
@@ -203,6 +215,7 @@ def test_a_repeated_sigterm_is_one_notice_and_a_late_one_exits_at_once_saying_so
     assert proc.returncode == -signal.SIGTERM
     assert status(out)["state"] == "preempted" and status(out)["exit_code"] == 128 + signal.SIGTERM
     assert "exiting now without a checkpoint" in proc.stderr.read()
+    assert "save_checkpoint" in fired(tmp_path / "late.fired")  # the slow save ran
 
 
 def test_ctrl_c_is_interrupted_in_one_line_with_a_checkpoint(base, tmp_path):
@@ -225,7 +238,8 @@ def test_ctrl_c_is_interrupted_in_one_line_with_a_checkpoint(base, tmp_path):
 
 def test_sigterm_during_a_slow_set_up_exits_at_once_with_status(base, tmp_path, wrapper):
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, wrapper, *train_args(base, out)], env=dict(ENV, SLOW_SETUP="60"),
+    proc = subprocess.Popen([sys.executable, wrapper, *train_args(base, out)],
+                            env=dict(ENV, SLOW_SETUP="60", HOOKS_FIRED=str(tmp_path / "setup.fired")),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: (out / "status.json").is_file(), proc)
@@ -236,6 +250,7 @@ def test_sigterm_during_a_slow_set_up_exits_at_once_with_status(base, tmp_path, 
         proc.kill()
     assert time.time() - t0 < 5 and proc.returncode == -signal.SIGTERM
     assert status(out)["state"] == "preempted" and status(out)["checkpoint"] is None
+    assert "load_dataset" in fired(tmp_path / "setup.fired")  # the slow set-up ran
 
 
 def test_an_unwritable_status_file_is_said_once(base, tmp_path, capsys):
@@ -300,13 +315,16 @@ def test_a_read_only_old_checkpoint_is_kept_whole_and_said_once(base, tmp_path, 
     old = latest(out)
     for d in [old, *(p for p in old.rglob("*") if p.is_dir())]:
         d.chmod(0o555)
+    hooked = []  # the hooks that ran (root only)
     if os.geteuid() == 0:  # root ignores the modes: read them as the kernel does for a user
         real_access = os.access
 
         def access(path, mode, **k):
+            hooked.append("access")
             return bool(os.stat(path).st_mode & stat.S_IWUSR) if mode == os.W_OK else real_access(path, mode, **k)
 
         def rmtree(path, ignore_errors=False, **k):  # a user's rmtree in a read-only tree: removes what it can
+            hooked.append("rmtree")
             for folder, dirs, files in os.walk(path, topdown=False):
                 if os.stat(folder).st_mode & stat.S_IWUSR:
                     for name in files + dirs:
@@ -323,6 +341,7 @@ def test_a_read_only_old_checkpoint_is_kept_whole_and_said_once(base, tmp_path, 
         for d in [old, *(p for p in old.rglob("*") if p.is_dir())]:
             d.chmod(0o755)
     said = capsys.readouterr().err
+    assert os.geteuid() != 0 or {"access", "rmtree"} <= set(hooked)  # as root, the hooks ran
     assert said.count("cannot delete the old checkpoint") == 1 and "step-0000001" in said
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-0000001", "step-0000003"]
     assert longjob.checkpoint_problem(old) is None  # whole

@@ -117,9 +117,9 @@ REFUSED = [
     ("eval_steps_above_gen_length", lambda t: E.main(eval_argv(t, "--steps", "48")),
      ["--steps 48: more steps than the 24 tokens to generate"]),
     ("sample_seed_out_of_range", lambda t: sample.main(sample_argv(model_folder(t / "m"), "--seed", str(10 ** 23))),
-     [f"--seed {10 ** 23}: out of the generator's range"]),
+     [f"--seed {10 ** 23}: must be in [0, 1000000)"]),
     ("eval_seed_out_of_range", lambda t: E.main(eval_argv(t, "--seeds", "0", str(10 ** 23))),
-     [f"--seeds {10 ** 23}: too large"]),
+     [f"--seeds {10 ** 23}: must be in [0, 1000000)"]),
     # case 12: a generation_defaults.json of the wrong shape, type or value names the file and the field
     ("defaults_not_an_object", lambda t: sample.main(sample_argv(with_defaults(t, "[128, 32]"))),
      ["{tmp}/m/generation_defaults.json: expected a JSON object", "got list"]),

@@ -143,7 +143,7 @@ def test_interrupted_checkpoint_leaves_the_last_good_one(base, tmp_path, monkeyp
         raise KeyboardInterrupt("killed mid-write")
 
     monkeypatch.setattr(longjob, "save_adapter", crash)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="killed mid-write"):  # the hook's: it ran
         main(args(base, out, "--lora", "--save-every", "1", "--max-steps", "2", "--resume"))
     assert latest(out) == good
     load_adapter(LLaDA.from_pretrained(base / "model"), good / "adapter")

@@ -16,26 +16,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 WORKER = r'''
-import json, sys, time, torch
+import json, sys, time
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-import gift, data
+import gift, data, longjob
 cfg = json.loads({cfg!r})
+# the config's model and puzzles, where the embedded task's builders read them when the run starts: the model from
+# gift.EMBEDDED_MODEL (gift.embedded_inputs), the puzzles from data.EMBEDDED_PUZZLES (data.embedded_task)
 gift.EMBEDDED_MODEL.update(cfg.get("model", {{}}))
-gift.EMBEDDED_PUZZLES.update(cfg.get("puzzles", {{}}))
+data.EMBEDDED_PUZZLES.update(cfg.get("puzzles", {{}}), test_grids=cfg.get("test_grids", 32))
 if "global_batch" in cfg: gift.EMBEDDED_GLOBAL_BATCH = cfg["global_batch"]
-test_grids = cfg.get("test_grids", 32)
-gift.EMBEDDED_PUZZLES["test_grids"] = test_grids
-def build(seed, eval_puzzles):
-    tok = data.make_char_tokenizer()
-    config = data.tiny_config_for(tok, **gift.EMBEDDED_MODEL)
-    model = gift.LLaDA(config).init_weights(torch.Generator().manual_seed(seed))
-    train, _ = data.sudoku_split(gift.EMBEDDED_PUZZLES["n_train"], 0, tuple(gift.EMBEDDED_PUZZLES["n_blanks"]), seed=seed, test_grids=test_grids)
-    _, held = data.sudoku_split(0, eval_puzzles, 8, seed=seed, test_grids=test_grids)
-    return tok, config, model, data.sudoku_examples(tok, train), held
-gift.build_embedded_task = build
 t0 = time.time()
-model, tok, held, final = gift.train(gift.parse_options(cfg["flags"]))
+opts = gift.parse_options(cfg["flags"])
+with longjob.run_folder(Path(opts.out), opts.resume, opts.overwrite, embedded=True) as preemption:
+    model, inputs, final = gift.train(opts, preemption)
+tok, held = inputs.tokenizer, inputs.heldout
 t_train = time.time() - t0
 from eval import SUDOKU_QUESTION, evaluate
 from sample import SamplerOptions
