@@ -514,9 +514,7 @@ def _s1k_pair(question, trace, attempt):
 
 
 def detect_format(row):
-    """The format of one parsed JSONL row, from its field names."""
-    if not isinstance(row, dict):
-        raise BadRow(None, f"expected a JSON object, got a {type(row).__name__}")
+    """The format of one JSONL row (json_object), from its field names."""
     if "messages" in row:
         return "messages"  # Tulu 3, open-r1 Mixture-of-Thoughts, ...
     if "deepseek_thinking_trajectory" in row:
@@ -532,9 +530,7 @@ def detect_format(row):
 
 
 def parse_row(row, fmt):
-    """One JSON object -> (prompt messages, answer). Raises BadRow naming the field."""
-    if not isinstance(row, dict):
-        raise BadRow(None, f"expected a JSON object, got a {type(row).__name__}")
+    """One JSON object (json_object) -> (prompt messages, answer). Raises BadRow naming the field."""
     if fmt == "messages":  # train on the last turn, which must be the assistant's; all earlier turns are the prompt
         messages = _get(row, "messages")
         if not isinstance(messages, list) or len(messages) < 2:
@@ -568,15 +564,14 @@ def parse_row(row, fmt):
 
 
 def max_token_chars(tokenizer):
-    """The most characters one token can stand for: its vocabulary's longest entry (added tokens included), times 4
-    when the tokenizer normalizes text first (NFC composes at most 4 code points into one, e.g. U+1F87). So a text
-    longer than max_len x this cannot fit max_len tokens of a tokenizer that keeps every character (byte-level BPE,
-    the character-level one): load_dataset drops it untokenized (20 MB of text cost ~8 GB in the tokenizer)."""
+    """The most characters one token can stand for: its vocabulary's longest entry (added tokens included), x 4 when
+    the tokenizer normalizes first (NFC composes at most 4 code points into one). A longer text than max_len x this
+    cannot fit max_len tokens: load_dataset drops it untokenized (20 MB of text cost ~8 GB in the tokenizer)."""
     longest = max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1)
     return longest * (4 if tokenizer.normalizer is not None else 1)
 
 
-def _lines(f, limit):
+def file_lines(f, limit):
     """(line number, bytes, whole) for each line of the binary file f: a line longer than `limit` bytes (None: no
     limit) is cut there (whole False) and the rest of it skipped, never held in memory."""
     for line_no, raw in enumerate(iter(lambda: f.readline(-1 if limit is None else limit + 1), b""), start=1):
@@ -671,15 +666,6 @@ NESTED_TOO_DEEP = ("nested too deeply to read (a Python RecursionError); a row i
                    "lists of turns")
 
 
-def json_row(line):
-    """json.loads of one JSONL line, refusing (BadRow) a key given twice and JSON nested deeper than the parser reads;
-    invalid JSON raises json.JSONDecodeError, for the caller to say where."""
-    try:
-        return json.loads(line, object_pairs_hook=_unique_keys)
-    except RecursionError:  # JSON nested deeper than the parser's recursion limit
-        raise BadRow(None, NESTED_TOO_DEEP) from None
-
-
 def check_cr_only(path, line_no, raw):
     """A first line with CR breaks inside and no LF: the whole file reads as one line. ValueError for the file."""
     if line_no == 1 and not raw.endswith(b"\n") and CR_BREAK.search(raw):
@@ -687,22 +673,35 @@ def check_cr_only(path, line_no, raw):
                          "as one line; JSONL lines end in LF or CRLF (convert it, e.g. tr '\\r' '\\n')") from None
 
 
-def read_row(path, line_no, raw, fmt):
-    """One JSONL line (bytes) -> (messages, answer, its format): fmt, or when None the row's (the first good row fixes
-    the file's). BadRow when the line is not UTF-8, not JSON, nested too deep to read, or not a row of the format."""
+def json_object(path, line_no, raw):
+    """One JSONL line (bytes) as a JSON object, the one line reader of training and benchmark files: BadRow when it
+    is not UTF-8 (a BOM accepted on line 1), not JSON (a file of CR-only line breaks refused whole), nested too deep,
+    gives a key twice, or is not an object."""
     try:
-        line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")  # a BOM is accepted
+        line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
     except UnicodeDecodeError as e:
         raise BadRow(None, f"not UTF-8 (byte {e.start + 1} of the line)") from None
     try:
-        row = json_row(line)
-        fmt = fmt or detect_format(row)
-        return (*parse_row(row, fmt), fmt)
+        row = json.loads(line, object_pairs_hook=_unique_keys)  # a key given twice: BadRow
     except json.JSONDecodeError as e:
         check_cr_only(path, line_no, raw)
         raise BadRow(None, f"invalid JSON ({e.msg}, column {e.colno})"
                      + ("; the line holds CR (\\r) line breaks" if CR_BREAK.search(raw) else "")) from None
-    except RecursionError:  # a row nested too deep for parse_row's walk or its repr (json_row says it for the parser)
+    except RecursionError:  # JSON nested deeper than the parser's recursion limit
+        raise BadRow(None, NESTED_TOO_DEEP) from None
+    if not isinstance(row, dict):
+        raise BadRow(None, f"expected a JSON object, got a {type(row).__name__}")
+    return row
+
+
+def read_row(path, line_no, raw, fmt):
+    """One JSONL line (bytes) -> (messages, answer, its format): fmt, or when None the row's (the first good row fixes
+    the file's). BadRow when the line is no JSON object (json_object) or not a row of the format."""
+    row = json_object(path, line_no, raw)
+    try:
+        fmt = fmt or detect_format(row)
+        return (*parse_row(row, fmt), fmt)
+    except RecursionError:  # nested too deep for parse_row's walk or its repr (json_object's parse says it too)
         raise BadRow(None, NESTED_TOO_DEEP) from None
 
 
@@ -744,7 +743,7 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
             stats["tokens"] += len(ids)
 
     with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad row, not the end of the file
-        for line_no, raw, whole in _lines(f, max_bytes):
+        for line_no, raw, whole in file_lines(f, max_bytes):
             if not raw.strip():
                 continue
             stats["rows"] += 1

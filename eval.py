@@ -38,8 +38,8 @@ import numpy as np
 import torch
 
 from data import (BOS, EOT, IM_END, SUDOKU_TASK_PROMPT, BadRow, chat_format, chat_prompt, check_chat_tokens,
-                  check_mask_token, data_text, encode, encode_text, json_row, load_tokenizer, mask_in_text,
-                  read_data_file, unencodable_characters)
+                  check_mask_token, data_text, encode, encode_text, file_lines, json_object, load_tokenizer,
+                  mask_in_text, read_data_file, unencodable_characters)
 from longjob import (DTYPES, SEED_RULE, SEEDS, adapter_fingerprint, add_dtype_flag, add_model_flags, append_records,
                      barrier, broadcast_object, check_adapter, check_summary, compute_dtype, end_distributed,
                      find_model, folder_fingerprint, gather_objects, load_weights, mixed_seed, open_output,
@@ -109,17 +109,14 @@ def _file_text(path, raw=None):
 def _jsonl_rows(path, raw=None, **strings):
     """(where, object) per non-blank line, `where` ("PATH, line N") starting an error about it; a bad line (not JSON,
     not an object, a field of `strings` {key: hint for the error} missing or not a string, ...) raises naming it."""
-    for line_no, line in enumerate(io.StringIO(_file_text(path, raw), newline=None), start=1):  # as open() reads
+    raw = read_data_file(path) if raw is None else raw
+    for line_no, line, _ in file_lines(io.BytesIO(raw), None):
         if not line.strip():
             continue
-        try:
-            row = json_row(line)
+        try:  # each line read as training reads it: one JSON object (data.json_object)
+            row = json_object(path, line_no, line)
         except BadRow as e:
             raise ValueError(f"{path}, line {line_no}: {e.problem}") from None
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}, line {line_no}: invalid JSON ({e.msg}, column {e.colno})") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}, line {line_no}: expected a JSON object, got {type(row).__name__}")
         for key, hint in strings.items():
             if not isinstance(row.get(key), str):
                 raise ValueError(f"{path}, line {line_no}: field {key!r} missing or not a string{hint}")
