@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from data import (BOS, EOT, IM_END, SUDOKU_TASK_PROMPT, BadRow, chat_format, chat_prompt, check_chat_tokens,
                   check_mask_token, data_text, encode, encode_text, file_lines, json_object, load_tokenizer,
@@ -741,7 +742,7 @@ def parse_args(argv=None):
         p.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once (the std is over distinct runs)")
     for seed in args.seeds:  # an item's noise comes from mixed_seed(seed, index) (item_generator)
         if seed not in SEEDS:
-            p.error(f"--seeds {seed}: {SEED_RULE}")
+            p.error(f"--seeds {seed}: must be {SEED_RULE}")
     return p, args
 
 
@@ -945,7 +946,7 @@ class HarnessOptions:
             raise ValueError(f"GiftLM: batch_size {self.batch_size!r} and mc_num {self.mc_num!r} must be integers >= 1 "
                              "(no 'auto')")
         if not isinstance(self.seed, int) or self.seed not in SEEDS:
-            raise ValueError(f"GiftLM: seed {self.seed!r}: {SEED_RULE}")
+            raise ValueError(f"GiftLM: seed {self.seed!r}: must be {SEED_RULE}")
 
 
 def stratified_mask_counts(L, b, generator):
@@ -1054,9 +1055,12 @@ class GiftLM(LM):
             return chat_prompt(chat_history, self.fmt)
         return chat_prompt(chat_history[:-1], self.fmt) + chat_history[-1]["content"]
 
-    def all_gather(self, tensor):  # the harness's collectives: longjob's, each a no-op for one process
-        parts = gather_objects(tensor)
-        return parts[0] if len(parts) == 1 else torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
+    def all_gather(self, tensor):  # the harness's collectives (gather_object and barrier: longjob's)
+        if self._world_size == 1:
+            return tensor
+        parts = [torch.zeros_like(tensor) for _ in range(self._world_size)]
+        dist.all_gather(parts, tensor)
+        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
 
     def gather_object(self, obj, dst=0):
         parts = gather_objects(obj)

@@ -334,7 +334,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from data import (EMBEDDED_EVAL, FORMATS, data_fingerprint, describe_embedded, embedded_task, load_dataset,
@@ -508,7 +507,7 @@ def check_options(opts, error):
         "grad_clip": (0 <= opts.grad_clip < math.inf, "0 (off) or a finite positive norm"),
         "warmup_steps": (opts.warmup_steps >= 0, "0 (none) or more"),
         "max_len": (opts.max_len >= 2, "at least 2 (a prompt token and an answer token)"),
-        "seed": (opts.seed in SEEDS, SEED_RULE.removeprefix("must be ")),
+        "seed": (opts.seed in SEEDS, SEED_RULE),
     }
     for name, (fine, what) in ranges.items():
         if not fine:
@@ -777,8 +776,7 @@ def train_step(model, optimizer, micro_batches, objective, grad_clip=1.0, autoca
     (False when either is not finite: the update is skipped), and the COUNTS summed over micro-batches and ranks."""
     objective = Objective(objective) if isinstance(objective, str) else objective
     loss_name, eps, beta_power = objective.name, objective.eps, objective.beta_power
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    module = unwrap(model)
+    world, module = rank_and_world()[1], unwrap(model)
     mask_id, device = module.config.mask_token_id, micro_batches[0].input_ids.device
     params = [p for p in model.parameters() if p.requires_grad]
     betas_from, norm = OBJECTIVES[loss_name][1], objective.norm or DEFAULT_NORM[loss_name]

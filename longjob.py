@@ -64,7 +64,7 @@ def setup_distributed(group_of_one=False):
 SEED_MIX = 1_000_003  # a prime: seed * SEED_MIX + n seeds draw stream n (an epoch, an item) under a user's seed
 # Every command line's seed rule: seeds derived (largest: mixed_seed(seed, epoch) * 10_000_019 + index) fit in 64 bits
 SEEDS = range(1_000_000)
-SEED_RULE = "must be in [0, 1000000) (every generator seed derived from it fits in 64 bits)"
+SEED_RULE = "in [0, 1000000) (every generator seed derived from it fits in 64 bits)"
 
 
 def mixed_seed(seed, n):
@@ -981,18 +981,22 @@ def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, e
         full = get_model_state_dict(model, options=StateDictOptions(
             full_state_dict=True, cpu_offload=True, ignore_frozen_params=lora and not export.merged))
     if is_rank0():
-        raw = unwrap(model)  # DDP's .module
+        module = unwrap(model)  # DDP's .module
         if lora:
-            save_adapter(raw, tmp / "adapter", base_model_name_or_path=export.base_name, state=full)
+            save_adapter(module, tmp / "adapter", base_model_name_or_path=export.base_name, state=full)
             if export.merged:
-                export_pretrained(raw.config, merged_state_dict(raw, full), tmp / "merged", export.dtype, export.files)
+                export_pretrained(module.config, merged_state_dict(module, full), tmp / "merged", export.dtype,
+                                  export.files)
         else:
-            export_pretrained(raw.config, full, tmp / "model", export.dtype, export.files)
+            export_pretrained(module.config, full, tmp / "model", export.dtype, export.files)
         torch.save(loop_state, tmp / "loop_state.pt")
         (tmp / "trainer.json").write_text(json.dumps(trainer, indent=2))
         if folder.exists():  # saved again at its step (resume fell back past a damaged one): ours go, a user's stay
             delete_own_files(folder)
-        move_into(tmp, folder) if folder.exists() else os.replace(tmp, folder)  # visible only when complete
+        if folder.exists():
+            move_into(tmp, folder)
+        else:
+            os.replace(tmp, folder)  # the checkpoint becomes visible only when complete
         atomic_write_text(folder.parent.parent / "latest", folder.name + "\n")
     barrier()
 

@@ -722,7 +722,7 @@ def atomic_write_text(path, text):
     path = Path(path)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(text) if isinstance(text, bytes) else tmp.write_text(text)
+        (tmp.write_bytes if isinstance(text, bytes) else tmp.write_text)(text)
         os.replace(tmp, path)
     except OSError as e:
         with contextlib.suppress(OSError):

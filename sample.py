@@ -275,7 +275,6 @@ import json
 from dataclasses import InitVar, dataclass, field, fields, replace
 from pathlib import Path
 
-
 from data import (EOS, EOT, IM_END, chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text,
                   load_tokenizer)
 from longjob import (SEED_RULE, SEEDS, add_dataclass_flags, add_dtype_flag, add_model_flags, check_adapter,
@@ -675,6 +674,17 @@ def options_of(values, source):
     return SamplerOptions(**given, source=source)
 
 
+def with_lengths(options, gen_length, block_length, tokens_per_step, source=None):
+    """The options with their unset lengths filled in (the one rule of sample.py's, eval.py's d1 protocol and
+    GiftLM's): gen_length, block_length (at most gen_length), steps = gen_length / tokens_per_step in whole blocks
+    (at least one per block). source: who gave them, as SamplerOptions names it in a refusal."""
+    gen = options.gen_length or gen_length
+    block = options.block_length or min(block_length, gen)
+    blocks = max(1, gen // block)
+    steps = options.steps or max(blocks, gen // tokens_per_step // blocks * blocks)
+    return replace(options, gen_length=gen, steps=steps, block_length=block, source=source)
+
+
 def options_from_flags(args, defaults=None):
     """The SamplerOptions the parsed flags give; a field no flag gives comes from `defaults` (the model folder's
     generation_defaults.json), else keeps its default."""
@@ -816,7 +826,7 @@ def parse_args(argv=None):
     except ValueError as e:
         p.error(str(e))
     if args.seed not in SEEDS:
-        p.error(f"--seed {args.seed}: {SEED_RULE}")
+        p.error(f"--seed {args.seed}: must be {SEED_RULE}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error(f"--device {args.device}: this machine has no CUDA device; use --device cpu")
 
@@ -833,17 +843,6 @@ def parse_args(argv=None):
     except (FileNotFoundError, ValueError) as e:
         p.error(str(e))
     return args, options
-
-
-def with_lengths(options, gen_length, block_length, tokens_per_step, source=None):
-    """The options with their unset lengths filled in (the one rule of sample.py's, eval.py's d1 protocol and
-    GiftLM's): gen_length, block_length (at most gen_length), steps = gen_length / tokens_per_step in whole blocks
-    (at least one per block). source: who gave them, as SamplerOptions names it in a refusal."""
-    gen = options.gen_length or gen_length
-    block = options.block_length or min(block_length, gen)
-    blocks = max(1, gen // block)
-    steps = options.steps or max(blocks, gen // tokens_per_step // blocks * blocks)
-    return replace(options, gen_length=gen, steps=steps, block_length=block, source=source)
 
 
 def load_model(args, options=None):
