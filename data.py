@@ -16,6 +16,7 @@ import hashlib
 import json
 import re
 import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -499,12 +500,25 @@ def _get(obj, key, field=None):
     return obj[key]
 
 
-def _text(value, field, allow_empty=False):
+def _text(value, field, allow_empty=False, specials=None):
     if not isinstance(value, str):
         raise BadRow(field, f"must be a string, got {type(value).__name__}")
     if not allow_empty and not value.strip():
         raise BadRow(field, "is empty")
+    found = specials and specials.search(value)
+    if found:  # encoded, it would be the token itself: a turn the row does not have, or an answer ended early
+        raise BadRow(field, f"holds the special token {found.group()!r} as text, which the tokenizer reads as that "
+                            "token itself (a fake chat turn or an early end); remove it")
     return value
+
+
+def special_text(tokenizer):
+    """A regex of the texts the tokenizer reads as special tokens (its added tokens flagged special, the chat format's)
+    but the mask (encode_pairs refuses that one); None when there are none. parse_row refuses them in a row's text."""
+    fmt = CHAT_FORMATS[chat_format(tokenizer)]
+    added = tokenizer.get_added_tokens_decoder().values()
+    tokens = {t.content for t in added if t.special or t.content in fmt.specials} - {fmt.mask}
+    return re.compile("|".join(map(re.escape, sorted(tokens, key=len, reverse=True)))) if tokens else None
 
 
 def _s1k_pair(question, trace, attempt):
@@ -529,8 +543,10 @@ def detect_format(row):
                         f"fmt in {FORMATS})")
 
 
-def parse_row(row, fmt):
-    """One JSON object (json_object) -> (prompt messages, answer). Raises BadRow naming the field."""
+def parse_row(row, fmt, specials=None):
+    """One JSON object (json_object) -> (prompt messages, answer). Raises BadRow naming the field, also for a text
+    holding a match of `specials` (special_text)."""
+    text = functools.partial(_text, specials=specials)
     if fmt == "messages":  # train on the last turn, which must be the assistant's; all earlier turns are the prompt
         messages = _get(row, "messages")
         if not isinstance(messages, list) or len(messages) < 2:
@@ -538,28 +554,28 @@ def parse_row(row, fmt):
         for i, m in enumerate(messages):
             if not isinstance(m, dict):
                 raise BadRow(f"messages[{i}]", f"must be an object with role and content, got {type(m).__name__}")
-            role = _text(_get(m, "role", f"messages[{i}].role"), f"messages[{i}].role")
+            role = text(_get(m, "role", f"messages[{i}].role"), f"messages[{i}].role")
             if role not in ROLES:
                 raise BadRow(f"messages[{i}].role", f"{role!r} is not one of {ROLES}")
             content = f"messages[{i}].content"
-            _text(_get(m, "content", content), content, allow_empty=i < len(messages) - 1)  # the answer: not empty
+            text(_get(m, "content", content), content, allow_empty=i < len(messages) - 1)  # the answer: not empty
         if messages[-1]["role"] != "assistant":
             raise BadRow(f"messages[{len(messages) - 1}].role", "the last turn must be the assistant's answer")
         return [{"role": m["role"], "content": m["content"]} for m in messages[:-1]], messages[-1]["content"]
     if fmt == "prompt-response":
-        prompt = _text(_get(row, "prompt"), "prompt")
-        return [{"role": "user", "content": prompt}], _text(_get(row, "response"), "response")
+        prompt = text(_get(row, "prompt"), "prompt")
+        return [{"role": "user", "content": prompt}], text(_get(row, "response"), "response")
     if fmt == "s1k":
-        question = _text(_get(row, "question"), "question")
+        question = text(_get(row, "question"), "question")
         traces = _get(row, "thinking_trajectories")
         if not isinstance(traces, list) or not traces:
             raise BadRow("thinking_trajectories", f"must be a non-empty list of strings, got {traces!r:.40}")
-        trace = _text(traces[0], "thinking_trajectories[0]")
-        return _s1k_pair(question, trace, _text(_get(row, "attempt"), "attempt"))
+        trace = text(traces[0], "thinking_trajectories[0]")
+        return _s1k_pair(question, trace, text(_get(row, "attempt"), "attempt"))
     if fmt == "s1k-1.1":
-        question = _text(_get(row, "question"), "question")
-        trace = _text(_get(row, "deepseek_thinking_trajectory"), "deepseek_thinking_trajectory")
-        return _s1k_pair(question, trace, _text(_get(row, "deepseek_attempt"), "deepseek_attempt"))
+        question = text(_get(row, "question"), "question")
+        trace = text(_get(row, "deepseek_thinking_trajectory"), "deepseek_thinking_trajectory")
+        return _s1k_pair(question, trace, text(_get(row, "deepseek_attempt"), "deepseek_attempt"))
     raise ValueError(f"unknown data format {fmt!r}; choose one of {FORMATS} or 'auto'")
 
 
@@ -689,18 +705,21 @@ def json_object(path, line_no, raw):
                      + ("; the line holds CR (\\r) line breaks" if CR_BREAK.search(raw) else "")) from None
     except RecursionError:  # JSON nested deeper than the parser's recursion limit
         raise BadRow(None, NESTED_TOO_DEEP) from None
+    except ValueError:  # an integer of more digits than int() reads (Python's message is a paragraph, with no line)
+        raise BadRow(None, f"holds an integer of more than {sys.get_int_max_str_digits()} digits, more than Python "
+                           "reads; write it as a string") from None
     if not isinstance(row, dict):
         raise BadRow(None, f"expected a JSON object, got a {type(row).__name__}")
     return row
 
 
-def read_row(path, line_no, raw, fmt):
+def read_row(path, line_no, raw, fmt, specials=None):
     """One JSONL line (bytes) -> (messages, answer, its format): fmt, or when None the row's (the first good row fixes
     the file's). BadRow when the line is no JSON object (json_object) or not a row of the format."""
     row = json_object(path, line_no, raw)
     try:
         fmt = fmt or detect_format(row)
-        return (*parse_row(row, fmt), fmt)
+        return (*parse_row(row, fmt, specials), fmt)
     except RecursionError:  # nested too deep for parse_row's walk or its repr (json_object's parse says it too)
         raise BadRow(None, NESTED_TOO_DEEP) from None
 
@@ -715,6 +734,7 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
     # a row's text longer than max_chars cannot fit max_len tokens (max_token_chars): dropped untokenized
     max_chars = None if max_len is None else max_len * max_token_chars(tokenizer)
     max_bytes = None if max_len is None else max(MAX_LINE_BYTES, 64 * max_chars)
+    specials = special_text(tokenizer)
     stats = dict(path=str(path), format=None if fmt == "auto" else fmt, rows=0, examples=0, tokens=0,
                  skipped_bad_rows=0, dropped_too_long=0, bad_rows=[])
     examples, pending = [], []  # pending: (line number, (messages, answer)) not yet tokenized
@@ -752,7 +772,7 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
                 stats["dropped_too_long"] += 1
                 continue
             try:
-                messages, answer, stats["format"] = read_row(path, line_no, raw, stats["format"])
+                messages, answer, stats["format"] = read_row(path, line_no, raw, stats["format"], specials)
             except BadRow as bad:
                 bad_row(line_no, bad)
                 continue

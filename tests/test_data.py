@@ -444,3 +444,58 @@ def test_invalid_utf8_is_a_bad_row_and_a_bom_is_accepted(tmp_path, tok):
         data.load_dataset(path, tok)
     examples, stats = data.load_dataset(path, tok, skip_bad_rows=True)  # the BOM line and the last line are read
     assert len(examples) == 2 and stats["skipped_bad_rows"] == 1 and stats["format"] == "prompt-response"
+
+
+# -----------------------------------------------------------------------------
+# Text a row cannot hold: a special token's text (encoded as the token itself), an integer too long for int()
+
+CHAT_TOKEN_ROWS = [  # (family, bad row, the field named, the token named)
+    ("llada", {"prompt": "q", "response": f"a{data.EOT}b"}, "response", data.EOT),
+    ("llada", {"prompt": f"q{data.START_HEADER}assistant{data.END_HEADER}", "response": "a"}, "prompt",
+     data.START_HEADER),
+    ("llada", {"messages": [{"role": "system", "content": f"{data.BOS}s"}, {"role": "user", "content": "q"},
+                            {"role": "assistant", "content": "a"}]}, "messages[0].content", data.BOS),
+    ("llada", {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"a{data.EOS}"}]},
+     "messages[1].content", data.EOS),
+    ("llada", {"question": "q", "thinking_trajectories": [f"t{data.END_HEADER}"], "attempt": "a"},
+     "thinking_trajectories[0]", data.END_HEADER),
+    ("dream", {"prompt": "q", "response": f"a{data.IM_END}\n{data.IM_START}user\nb"}, "response", data.IM_END),
+    ("dream", {"question": f"{data.IM_START}q", "deepseek_thinking_trajectory": "t", "deepseek_attempt": "a"},
+     "question", data.IM_START),
+    ("dream", {"prompt": "q", "response": "a<|beginoftext|>"}, "response", "<|beginoftext|>"),  # a special of its own
+]
+
+
+@pytest.mark.parametrize("family, bad, field, token", CHAT_TOKEN_ROWS)
+def test_chat_token_text_in_a_row_is_refused_naming_file_line_field(tmp_path, tok, family, bad, field, token):
+    """Such text would be encoded as the token itself (a fake turn, an answer ended mid-way): the row is refused as
+    a bad row, or skipped and counted. LLaDA's format on the char tokenizer, ChatML's on the Qwen2 fixture."""
+    tokenizer = tok if family == "llada" else data.load_tokenizer(DATA / "dream_tokenizer")
+    path = write_jsonl(tmp_path / "d.jsonl", [ROWS[data.detect_format(bad)], bad])
+    with pytest.raises(data.DataError) as info:
+        data.load_dataset(path, tokenizer)
+    assert (info.value.path, info.value.line, info.value.field) == (str(path), 2, field)
+    assert f"special token {token!r}" in str(info.value)
+    examples, stats = data.load_dataset(path, tokenizer, skip_bad_rows=True)
+    assert len(examples) == 1 and stats["skipped_bad_rows"] == 1
+
+
+def test_text_near_a_special_token_and_plain_added_tokens_are_kept(tmp_path):
+    """Only what the tokenizer reads as a special token is refused: the Qwen2 fixture's <tool_call> (an added token,
+    not special) and a broken <|im_end| are a row's text."""
+    tokenizer = data.load_tokenizer(DATA / "dream_tokenizer")
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "<|im_end| q", "response": "<tool_call>a</tool_call>"}])
+    (ids, prompt_len), = data.load_dataset(path, tokenizer)[0]
+    answer = tokenizer.decode(ids[prompt_len:].tolist(), skip_special_tokens=False)
+    assert answer == "<tool_call>a</tool_call><|im_end|>"
+
+
+def test_an_integer_too_long_for_python_is_one_line_naming_file_and_line(tmp_path, tok):
+    """json.loads raises a paragraph-long ValueError on an integer of more than 4300 digits: a bad row instead."""
+    path = write_jsonl(tmp_path / "d.jsonl", [GOOD, '{"prompt": "q", "response": "a", "id": ' + "9" * 5000 + "}"])
+    with pytest.raises(data.DataError) as info:
+        data.load_dataset(path, tok)
+    said = str(info.value)
+    assert said.startswith(f"{path}, line 2: holds an integer of more than") and len(said.splitlines()) == 1
+    examples, stats = data.load_dataset(path, tok, skip_bad_rows=True)
+    assert len(examples) == 1 and stats["skipped_bad_rows"] == 1

@@ -17,16 +17,34 @@ from test_resume import computed
 
 from gift import main, parse_options
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            str(REPO / "gift.py")]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 LR = 3e-3  # train_args' --lr
+# gift.py, each rank writing the elements of the frozen base it holds (local) and their total (full) after wrap_model
+WATCHED_GIFT = f"""import json, os, sys
+sys.path.insert(0, {str(REPO)!r})
+import gift
+from torch.distributed.tensor import DTensor
+wrap_model = gift.wrap_model
+
+def watched(*args, **kwargs):
+    model = wrap_model(*args, **kwargs)
+    base = [p for p in model.parameters() if not p.requires_grad]
+    local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in base)
+    with open(f"base_sizes_{{os.environ['RANK']}}.json", "w") as f:
+        json.dump(dict(local=local, full=sum(p.numel() for p in base)), f)
+    return model
+
+gift.wrap_model = watched
+gift.run_command_line(gift.main, "gift.py", rank0_only=True)
+"""
 
 
-def start(argv, cwd):
-    """A 2-process torchrun of gift.py in a session of its own (so that kill -9 reaches its workers too)."""
-    return subprocess.Popen(TORCHRUN + argv, cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+def start(argv, cwd, script=REPO / "gift.py"):
+    """A 2-process torchrun of gift.py (or `script`, a wrapper of it) in a session of its own (so that kill -9
+    reaches its workers too)."""
+    return subprocess.Popen(TORCHRUN + [str(script)] + argv, cwd=cwd, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def finish(proc):
@@ -51,8 +69,10 @@ def test_lora_fsdp_equals_ddp_and_resumes_bit_for_bit_after_kill_9(base, tmp_pat
                      "--schedule", "constant", "--warmup-steps", "0", "--save-every", "2", "--max-steps", "8",
                      "--parallel", "fsdp")
     runs = {name: tmp_path / name for name in ("ddp", "fsdp", "killed", "straight")}
+    (tmp_path / "watched_gift.py").write_text(WATCHED_GIFT)
     procs = {"ddp": start(train_args(base, runs["ddp"], *fp32, "--parallel", "ddp", batch_size=1), tmp_path),
-             "fsdp": start(train_args(base, runs["fsdp"], *fp32, "--parallel", "fsdp", batch_size=1), tmp_path),
+             "fsdp": start(train_args(base, runs["fsdp"], *fp32, "--parallel", "fsdp", batch_size=1), tmp_path,
+                           tmp_path / "watched_gift.py"),
              "straight": start(train_args(base, runs["straight"], *bf16, batch_size=1), tmp_path)}
     killed = start(train_args(base, runs["killed"], *bf16, batch_size=1), tmp_path)
     try:
@@ -95,6 +115,11 @@ def test_lora_fsdp_equals_ddp_and_resumes_bit_for_bit_after_kill_9(base, tmp_pat
     for ra, rb in zip(a, b):  # the loss and the gradient norm (a sum where there should be a mean would double it)
         for key in ("loss", "grad_norm", "masked_fraction", "beta_mean"):
             assert rb[key] == pytest.approx(ra[key], rel=1e-5), key
+
+    # --parallel fsdp shards the frozen base (DDP, which keeps it whole on every rank, passes every check above):
+    # each rank holds half of its elements (every first dimension of the tiny model is even)
+    sizes = [json.loads((tmp_path / f"base_sizes_{rank}.json").read_text()) for rank in (0, 1)]
+    assert all(s["full"] > 0 and s["local"] * 2 == s["full"] for s in sizes), sizes
 
     # the fsdp checkpoint is what --parallel fsdp saved: the option recorded, the adapters sharded over both ranks
     trainer = json.loads((latest(runs["fsdp"]) / "trainer.json").read_text())
