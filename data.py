@@ -500,12 +500,16 @@ def _get(obj, key, field=None):
     return obj[key]
 
 
-def _text(value, field, allow_empty=False, specials=None):
+# an answer's padding of turn ends or EOS, as LLaDA's SFT pads (experiments/countdown.py's fixed-length answers)
+END_PADDING = re.compile(f"(?:{re.escape(EOT)}|{re.escape(IM_END)}|{re.escape(EOS)})+$")
+
+
+def _text(value, field, allow_empty=False, specials=None, answer=False):
     if not isinstance(value, str):
         raise BadRow(field, f"must be a string, got {type(value).__name__}")
     if not allow_empty and not value.strip():
         raise BadRow(field, "is empty")
-    found = specials and specials.search(value)
+    found = specials and specials.search(END_PADDING.sub("", value) if answer else value)  # an answer may end padded
     if found:  # encoded, it would be the token itself: a turn the row does not have, or an answer ended early
         raise BadRow(field, f"holds the special token {found.group()!r} as text, which the tokenizer reads as that "
                             "token itself (a fake chat turn or an early end); remove it")
@@ -558,13 +562,14 @@ def parse_row(row, fmt, specials=None):
             if role not in ROLES:
                 raise BadRow(f"messages[{i}].role", f"{role!r} is not one of {ROLES}")
             content = f"messages[{i}].content"
-            text(_get(m, "content", content), content, allow_empty=i < len(messages) - 1)  # the answer: not empty
+            last = i == len(messages) - 1
+            text(_get(m, "content", content), content, allow_empty=not last, answer=last)  # the answer: not empty
         if messages[-1]["role"] != "assistant":
             raise BadRow(f"messages[{len(messages) - 1}].role", "the last turn must be the assistant's answer")
         return [{"role": m["role"], "content": m["content"]} for m in messages[:-1]], messages[-1]["content"]
     if fmt == "prompt-response":
         prompt = text(_get(row, "prompt"), "prompt")
-        return [{"role": "user", "content": prompt}], text(_get(row, "response"), "response")
+        return [{"role": "user", "content": prompt}], text(_get(row, "response"), "response", answer=True)
     if fmt == "s1k":
         question = text(_get(row, "question"), "question")
         traces = _get(row, "thinking_trajectories")

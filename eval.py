@@ -42,9 +42,9 @@ from data import (BOS, EOT, IM_END, SUDOKU_TASK_PROMPT, BadRow, chat_format, cha
                   check_mask_token, data_text, encode, encode_text, file_lines, json_object, load_tokenizer,
                   mask_in_text, read_data_file, unencodable_characters)
 from longjob import (DTYPES, SEED_RULE, SEEDS, adapter_fingerprint, add_dtype_flag, add_model_flags, append_records,
-                     barrier, broadcast_object, check_adapter, check_summary, compute_dtype, end_distributed,
-                     find_model, folder_fingerprint, gather_objects, load_weights, mixed_seed, open_output,
-                     rank_and_world, read_records, run_command_line, setup_distributed)
+                     barrier, broadcast_object, check_adapter, check_harness_out, check_summary, compute_dtype,
+                     end_distributed, find_model, folder_fingerprint, gather_objects, load_weights, mixed_seed,
+                     open_output, rank_and_world, read_records, run_command_line, setup_distributed)
 from model import GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, generation_defaults, shift_right, unwrap
 from sample import (SamplerOptions, add_sampler_flags, check_sampler_choice, check_step_count, decode_until_stop,
                     folder_defaults, generate, generate_with_options, options_from_flags, with_lengths)
@@ -765,6 +765,8 @@ def resolve_model(p, args):
         if not defaults.get("test_data"):
             p.error(f"--data: give the {args.task} test file (the model folder names none for this task)")
         args.data = str(args.folder / defaults["test_data"])
+    if args.shots and os.path.realpath(args.shot_data) == os.path.realpath(args.data):
+        p.error(f"--shot-data {args.shot_data}: it is the --data file; draw the examples from another split")
     args.prompt_style = args.prompt_style or defaults.get("prompt_style", "d1")
     try:
         o = d1_options(options_from_flags(args, defaults), args.task, "flags")  # a flag, else the folder's, else d1's
@@ -905,8 +907,11 @@ def main(argv=None):
             check_summary(out, settings)
         finished = broadcast_object(finished)  # rank 0's, on every rank
         model = load_weights(args.folder, args.adapter, dtype, device, merge=True).eval()  # mask token: load_data's
-        on_batch = (lambda new: append_records(records_path, new, settings)) if records_path else None
-        runs = evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch)
+
+        def on_batch(new):  # a new records file comes with its first batch, locked: kept open to the end
+            nonlocal lock
+            lock = append_records(records_path, new, settings) or lock
+        runs = evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch if records_path else None)
         if rank == 0:
             report(args, settings, len(items), runs, out, records_path)
         end_distributed()
@@ -926,8 +931,9 @@ def main(argv=None):
 # loglikelihood: LLaDA's Monte Carlo estimate of its likelihood bound (Nie et al. 2025, arXiv 2502.09992; the official
 #   evaluation/eval_llada.py). For a continuation y of L tokens after the context x:
 #       ELBO = E_{l ~ U{1..L}} E_{M ~ U(l-subsets of y)} [ (L / l) sum_{i in M} log p(y_i | x, y with M masked) ]
-#   one draw = one forward pass; mc_num draws, `batch_size` per pass, the l of each pass stratified over 1..L; the
-#   context is never masked. Dream reads token i's prediction at position i - 1. A lower bound on log p(y | x).
+#   one draw = one forward pass, `batch_size` draws per pass; the l of the mc_num draws stratified over 1..L, each
+#   draw's mask its own whatever the batch size; the context is never masked. Dream reads token i's prediction at
+#   position i - 1. A lower bound on log p(y | x).
 
 @dataclass
 class HarnessOptions:
@@ -941,12 +947,26 @@ class HarnessOptions:
     seed: int = 0  # of the likelihood draws and of sampling
     check_greedy: bool = True  # False: is_greedy is always False, without its L extra passes
 
-    def __post_init__(self):
-        if not all(isinstance(n, int) and n >= 1 for n in (self.batch_size, self.mc_num)):
+    def __post_init__(self):  # lm-eval's --model_args arrive typed by guess: "maybe", "1.5", "cuda:0" on any machine
+        if not all(type(n) is int and n >= 1 for n in (self.batch_size, self.mc_num)):
             raise ValueError(f"GiftLM: batch_size {self.batch_size!r} and mc_num {self.mc_num!r} must be integers >= 1 "
                              "(no 'auto')")
-        if not isinstance(self.seed, int) or self.seed not in SEEDS:
+        if type(self.seed) is not int or self.seed not in SEEDS:
             raise ValueError(f"GiftLM: seed {self.seed!r}: must be {SEED_RULE}")
+        if self.dtype not in DTYPES + ("float64",):
+            raise ValueError(f"GiftLM: dtype {self.dtype!r}: must be one of {', '.join(DTYPES)}, float64")
+        if type(self.check_greedy) is not bool:
+            raise ValueError(f"GiftLM: check_greedy {self.check_greedy!r}: must be true or false")
+        if not all(isinstance(v, str) for v in (self.model, self.adapter or "", self.device or "")):
+            raise ValueError(f"GiftLM: model {self.model!r}, adapter {self.adapter!r}, device {self.device!r}: must be "
+                             "strings (folders, a device name)")
+        try:
+            device = torch.device(self.device or "cpu")
+        except RuntimeError:  # not a device name
+            device = None
+        if device is None or device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            raise ValueError(f"GiftLM: device {self.device!r}: not a device of this machine (it has "
+                             f"{torch.cuda.device_count()} CUDA devices); e.g. cpu or cuda:0")
 
 
 def stratified_mask_counts(L, b, generator):
@@ -968,20 +988,20 @@ def continuation_masks(L, counts, generator):
 
 @torch.no_grad()
 def elbo_draws(model, context, continuation, mc_num, batch_size, generator):
-    """mc_num unbiased draws of the continuation's ELBO (the estimator above), float64 (mc_num,). context,
-    continuation: token ids (context non-empty: Dream's first continuation token is read at the last context
-    position). Draws come from `generator` (CPU), so a rerun and any device give the same masks."""
+    """mc_num unbiased draws of the continuation's ELBO (the estimator above), float64 (mc_num,), batch_size per
+    forward pass. context, continuation: token ids (context non-empty: Dream's first continuation token is read at the
+    last context position). Draws come from `generator` (CPU): the mc_num counts first, then the masks draw after draw
+    (torch.rand reads the generator in order), so a rerun, any device and any batch_size give the same draws."""
     device, mask_id = next(model.parameters()).device, model.config.mask_token_id
     P, L = len(context), len(continuation)
     if P < 1 or L < 1:
         raise ValueError(f"elbo_draws: a context of {P} and a continuation of {L} tokens; each needs at least one")
     x0 = torch.tensor(list(context) + list(continuation), device=device)  # (P + L,)
     y = x0[P:]
-    draws = []
+    all_counts, draws = stratified_mask_counts(L, mc_num, generator), []  # (mc_num,)
     for start in range(0, mc_num, batch_size):
-        b = min(batch_size, mc_num - start)
-        counts = stratified_mask_counts(L, b, generator)  # (b,)
-        masked = continuation_masks(L, counts, generator).to(device)  # (b, L)
+        counts = all_counts[start:start + batch_size]  # (b,)
+        b, masked = len(counts), continuation_masks(L, counts, generator).to(device)  # (b, L): the next b draws
         x = x0.repeat(b, 1)
         x[:, P:] = torch.where(masked, mask_id, y)  # the context is never masked
         hidden = model(x, return_hidden=True)  # (b, P + L, D)
@@ -1001,12 +1021,23 @@ def greedy_continuation(model, context, L):
     return generate(model, prompt, steps=L, gen_length=L, block_length=L)[0, len(context):].tolist()
 
 
+def max_gen_toks(task, gen_kwargs):
+    """A generation task's max_gen_toks (lm-eval's default 256), or a ValueError naming the task."""
+    n = gen_kwargs.get("max_gen_toks", 256)
+    if type(n) is not int or n < 1:
+        raise ValueError(f"GiftLM: task {task!r}: max_gen_toks {n!r}: must be an integer >= 1")
+    return n
+
+
 def cut_at_stops(text, until):
     """The text before the first occurrence of any of the `until` strings (lm-eval's stop sequences)."""
     for stop in until:
         if stop:
             text = text.split(stop)[0]
     return text
+
+
+PROGRESS_SECONDS = 10  # GiftLM's likelihood requests: rank 0 says how far it is at most this often
 
 
 class GiftLM(LM):
@@ -1027,11 +1058,12 @@ class GiftLM(LM):
         given = argparse.Namespace(**{n: model_args.get(n) for n in names})
         self.options = options_from_flags(given, folder_defaults(self.folder))  # model_args, else the folder's
         check_sampler_choice(given, self.options, self.folder)
+        self.tokenizer = load_tokenizer(self.folder)
+        check_chat_tokens(self.tokenizer, self.folder)  # as eval.py's: the chat format's tokens, before the weights
         self._rank, self._world_size, where = setup_distributed()  # torchrun's ranks: each gets a slice
         self._device = torch.device(opts.device) if opts.device and self._world_size == 1 else where
         self.model = load_weights(self.folder, self.adapter, compute_dtype(opts.dtype, self._device), self._device,
                                   merge=True).eval()
-        self.tokenizer = load_tokenizer(self.folder)
         check_mask_token(self.tokenizer, self.model.config)
         self.fmt = chat_format(self.tokenizer)
         self.batch_size, self.mc_num, self.seed = opts.batch_size, opts.mc_num, opts.seed
@@ -1104,7 +1136,7 @@ class GiftLM(LM):
     def loglikelihood(self, requests):
         """(ELBO estimate of log p(continuation | context), is_greedy) per request."""
         out = []
-        for request in requests:
+        for request in self._with_progress(requests, "loglikelihood"):
             ctx, cont = self._context_and_continuation(*self._args(request, 2, "loglikelihood"), request)
             out.append((self._elbo(ctx, cont),
                         bool(self.check_greedy) and greedy_continuation(self.model, ctx, len(cont)) == cont))
@@ -1115,7 +1147,7 @@ class GiftLM(LM):
         """The ELBO of the whole text after the prefix token; a text longer than the context in windows of
         max_length / 2 tokens, each after the max_length / 2 before it (a sum of conditional ELBOs, a lower bound)."""
         out = []
-        for request in requests:
+        for request in self._with_progress(requests, "loglikelihood_rolling"):
             (text,) = self._args(request, 1, "loglikelihood_rolling")
             ids = [self.prefix_id] + (self._encode(text, request) if text else [])
             window = self.max_length - 1 if len(ids) <= self.max_length else self.max_length // 2
@@ -1124,11 +1156,22 @@ class GiftLM(LM):
             self.cache_hook.add_partial("loglikelihood_rolling", request.args, out[-1])
         return out
 
-    def _generation_options(self, gen_kwargs):
+    def _with_progress(self, requests, kind):
+        """The requests in turn; rank 0 says how far it is every PROGRESS_SECONDS (a likelihood request is mc_num /
+        batch_size forward passes: with a large mc_num, hours of them)."""
+        start = said = time.time()
+        for done, request in enumerate(requests, 1):
+            yield request
+            if self._rank == 0 and time.time() - said >= PROGRESS_SECONDS:
+                said = time.time()
+                print(f"GiftLM: {kind}: {done}/{len(requests)} requests, ETA "
+                      f"{(said - start) / done * (len(requests) - done) / 60:.1f} min", flush=True)
+
+    def _generation_options(self, gen_kwargs, task):
         """The sampler's options for a task: model_args' (or the folder's) lengths, else gen_length = the task's
         max_gen_toks (rounded up to whole blocks), block 32, steps = gen_length / 2 (d1's two per step)."""
         o = self.options
-        gen_length = o.gen_length or int(gen_kwargs.get("max_gen_toks", 256))
+        gen_length = o.gen_length or max_gen_toks(task, gen_kwargs)
         if o.sampler == "block":
             block = o.block_length or min(BLOCK_LENGTH, gen_length)
             gen_length = -(-gen_length // block) * block
@@ -1136,23 +1179,30 @@ class GiftLM(LM):
 
     def generate_until(self, requests):
         """Each context sampled with the options, in batches of batch_size consecutive requests with the same
-        generation arguments; the text up to the family's turn end, then up to the first `until` string."""
-        out, start, seen, noise = [], 0, {}, []
+        generation arguments; the text up to the family's turn end, then up to the first `until` string. A prompt that
+        leaves no room for its answer in the context is refused, naming its task, before any is sampled (as eval.py's
+        prompts are); an empty one is the prefix token."""
+        out, start, seen, noise, prompts = [], 0, {}, [], []
         for request in requests:  # its sampling noise: item_generator(seed, doc_id), as eval.py's items'
             key = (request.task_name, request.doc_id)
             noise.append((request.doc_id or 0) + seen.get(key, 0) * 2 ** 32)  # a repeat (same doc) draws anew
             seen[key] = seen.get(key, 0) + 1
+            context, kwargs = self._args(request, 2, "generate_until")
+            prompts.append(self._encode(context, request) or [self.prefix_id])
+            gen_length = self._generation_options(kwargs, request.task_name).gen_length
+            if len(prompts[-1]) + gen_length > self.max_length:
+                raise ValueError(f"GiftLM: task {request.task_name!r}: a prompt of {len(prompts[-1])} tokens + "
+                                 f"{gen_length} to generate exceed the model's max_sequence_length {self.max_length}; "
+                                 "lower the task's max_gen_toks (or gen_length) or its few-shot examples")
         while start < len(requests):
             kwargs = self._args(requests[start], 2, "generate_until")[1]
             end = start + 1
             while (end < len(requests) and end - start < self.batch_size
                    and self._args(requests[end], 2, "generate_until")[1] == kwargs):
                 end += 1
-            options, until = self._generation_options(kwargs), kwargs.get("until") or []
+            options, until = self._generation_options(kwargs, requests[start].task_name), kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            prompts = [self._encode(r.args[0], r)[-(self.max_length - options.gen_length):]
-                       for r in requests[start:end]]  # each prompt's last tokens that leave room for the answer
-            answers = sample_answers(self.model, prompts, options, self.seed, noise[start:end])  # (B, gen_length)
+            answers = sample_answers(self.model, prompts[start:end], options, self.seed, noise[start:end])  # (B, gen)
             for request, answer in zip(requests[start:end], answers.tolist()):
                 out.append(cut_at_stops(decode_until_stop(self.tokenizer, answer), until))
                 self.cache_hook.add_partial("generate_until", request.args, out[-1])
@@ -1172,6 +1222,61 @@ def __getattr__(name):
     if name == "GiftLM" and HARNESS_MISSING:
         raise ImportError(HARNESS_MISSING)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def harness_tasks(args):
+    """--tasks as lm-eval's Task (and Group) objects, and their TaskManager, checked before the model loads (a
+    ValueError naming the flag or task): each name known and its YAML read (lm-eval renders the first document),
+    its max_gen_toks, a document for each torchrun rank (a rank without one stops the others), its few-shot examples."""
+    from lm_eval.evaluator_utils import get_sample_size
+    from lm_eval.tasks import TaskManager
+    names = [name.strip() for name in args.tasks.split(",")]
+    if not all(names):
+        raise ValueError(f"--tasks {args.tasks!r}: an empty name (names are separated by commas)")
+    if args.include_path and not os.path.isdir(args.include_path):
+        raise ValueError(f"--include-path {args.include_path}: no such folder")
+    if args.limit is not None and args.limit <= 0:
+        raise ValueError(f"--limit {args.limit:g}: must be > 0 (documents, or a share of them below 1)")
+    if (args.num_fewshot or 0) < 0:
+        raise ValueError(f"--num-fewshot {args.num_fewshot}: must be 0 or more")
+    here = TaskManager(include_path=args.include_path, include_defaults=False) if args.include_path else None
+    if here is None or not set(names) <= set(here.all_tasks):  # lm-eval's own: indexing them takes a while
+        here = TaskManager(include_path=args.include_path)
+    loaded = dict(tasks={}, groups={}, group_map={})
+    for name in names:
+        try:  # a user's YAML: a template that fails, a missing data file; lm-eval's index skips one it cannot read
+            for key, part in here.load(name).items():
+                loaded[key].update(part)
+        except Exception as e:
+            bad = "".join(f"; it cannot read {path} ({' '.join(str(why).split())[:200]})"
+                          for path, why in unreadable_yamls(args.include_path))
+            raise ValueError(f"--tasks {name}: lm-eval cannot load it ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:300]}){bad}") from e
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    for name, task in loaded["tasks"].items():
+        docs, own = task.eval_docs, task.get_config("num_fewshot")
+        if min(len(docs), get_sample_size(task, args.limit) or len(docs)) < world:
+            raise ValueError(f"task {name}: fewer documents to evaluate (--limit {args.limit}) than the {world} ranks; "
+                             "each rank needs one")
+        shots = own if args.num_fewshot is None or own == 0 else args.num_fewshot  # as simple_evaluate sets it
+        pool = (len(task.sampler.fewshot_docs()) - (task.fewshot_cfg.split == task.config.test_split)
+                if hasattr(task, "sampler") else 0)  # a test document is not its own example
+        if (shots or 0) > pool:
+            raise ValueError(f"--num-fewshot {shots}: task {name} has {max(pool, 0)} few-shot examples")
+        if task.get_config("output_type") == "generate_until":
+            max_gen_toks(name, task.get_config("generation_kwargs") or {})
+    children = {child for group in loaded["group_map"].values() for child in group}  # the named ones, in groups
+    return [o for name, o in {**loaded["groups"], **loaded["tasks"]}.items() if name not in children], here
+
+
+def unreadable_yamls(folder):
+    """(path, exception) of each YAML file under `folder` (None: none) that lm-eval's loader cannot read."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+    for path in sorted(Path(folder).rglob("*.yaml")) if folder else []:
+        try:
+            load_yaml(path, resolve_func=False)
+        except Exception as e:  # what lm-eval's index catches, and skips
+            yield path, e
 
 
 def harness_main(argv=None):
@@ -1198,19 +1303,23 @@ def harness_main(argv=None):
     if HARNESS_MISSING:
         raise SystemExit(f"eval.py: {HARNESS_MISSING}")
     import lm_eval
-    from lm_eval.tasks import TaskManager
     from lm_eval.utils import make_table
+    try:  # the flags (GiftLM checks its model_args again), --out and the tasks, before the model loads
+        HarnessOptions(args.model, adapter=args.adapter, dtype=args.dtype, batch_size=args.batch_size,
+                       mc_num=args.mc_num, seed=args.seed)
+        options_from_flags(args)
+        if args.out:
+            check_harness_out(Path(args.out))
+        tasks, task_manager = harness_tasks(args)
+    except ValueError as e:
+        p.error(str(e))
     sampler = {f.name: getattr(args, f.name) for f in fields(SamplerOptions) if getattr(args, f.name) is not None}
     lm = GiftLM(model=args.model, adapter=args.adapter, dtype=args.dtype, batch_size=args.batch_size,
                 mc_num=args.mc_num, seed=args.seed, check_greedy=not args.no_check_greedy, **sampler)
     limit = int(args.limit) if args.limit and args.limit >= 1 else args.limit
-    tasks = args.tasks.split(",")
-    tasks_here = TaskManager(include_path=args.include_path, include_defaults=False) if args.include_path else None
-    if tasks_here is None or not set(tasks) <= set(tasks_here.all_tasks):  # lm-eval's own: indexing them takes a while
-        tasks_here = TaskManager(include_path=args.include_path)
     results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=limit,
                                       apply_chat_template=args.apply_chat_template, log_samples=False,
-                                      task_manager=tasks_here, random_seed=args.seed, numpy_random_seed=args.seed,
+                                      task_manager=task_manager, random_seed=args.seed, numpy_random_seed=args.seed,
                                       torch_random_seed=args.seed, fewshot_random_seed=args.seed)
     if lm.rank == 0:
         print(make_table(results))

@@ -325,6 +325,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import importlib.util
 import io
 import json
 import math
@@ -523,6 +524,8 @@ def check_options(opts, error):
         error("--data needs --model (without --model the built-in Sudoku task trains and --data is unused)")
     if opts.lora and not opts.model:
         error("--lora needs --model (the built-in Sudoku task trains a tiny model from scratch: all of it)")
+    if opts.wandb_project and not (sys.modules.get("wandb") or importlib.util.find_spec("wandb")):
+        error("--wandb-project: the wandb package is not installed (pip install wandb), or leave the flag out")
     if opts.resume and opts.overwrite:
         error("--resume continues the run in --out, --overwrite deletes it: choose one")
     if opts.model and not opts.data:
@@ -952,8 +955,11 @@ def load_inputs(opts, rank, dtype):
             model = LLaDA(config)
     fingerprints = dict(data, model=folder_fingerprint(opts.model))
     files = [f for f in sorted(Path(opts.model).iterdir()) if f.is_file() and any(f.match(p) for p in EXPORTED)]
-    export = Export(dtype=save_dtype(opts.save_dtype, stored_dtype(opts.model)), files=files, base_name=opts.model,
-                    merged=opts.save_merged)
+    stored = stored_dtype(opts.model)  # a LoRA base loaded in a narrower dtype: merged/ from the folder's own weights
+    exact = dtype == stored or torch.finfo(dtype).bits > torch.finfo(stored).bits
+    export = Export(dtype=save_dtype(opts.save_dtype, stored), files=files, base_name=opts.model,
+                    merged=opts.save_merged, base_fingerprint=fingerprints["model"],
+                    merge_from="" if exact else opts.model)
     return RunInputs(model, tokenizer, examples, pad_id, fingerprints, export,
                      resolved=dict(dtype=str(dtype).removeprefix("torch."), data_format=stats["format"]))
 

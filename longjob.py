@@ -39,8 +39,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 
 from data import EMBEDDED_EVAL, SUDOKU_TASK_PROMPT, make_char_tokenizer
-from model import (GENERATION_DEFAULTS, LLaDA, atomic_write_text, load_adapter, merge_lora, merged_state_dict,
-                   read_adapter_config, read_json, save_adapter, unwrap, weight_files)
+from model import (ADAPTER_BASE, GENERATION_DEFAULTS, LLaDA, atomic_write_text, load_adapter, merge_lora,
+                   merged_state_dict, read_adapter_config, read_json, save_adapter, unwrap, weight_files)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -316,7 +316,8 @@ def check_same_inputs(fingerprints):
 
 def check_adapter(folder, adapter):
     """--adapter against the model folder, before either loads: a one-line ValueError for a gift.py checkpoint's merged
-    export given with its own adapter (added twice), or its adapter on a base of another fingerprint than trained on."""
+    export given with its own adapter (added twice), or its adapter, in its checkpoint or copied anywhere, on a base of
+    another fingerprint than trained on (the one save_adapter recorded, else its checkpoint's trainer.json's)."""
     if not adapter:
         return
     if problem := adapter_problem(adapter):  # a model folder given as --adapter, a checkpoint, ...
@@ -328,17 +329,18 @@ def check_adapter(folder, adapter):
         raise ValueError(f"--adapter {adapter}: the model {folder} is the merged export of the same checkpoint, the "
                          "base with this adapter already folded in, so it would be applied twice; drop --adapter, or "
                          "give the base model with it")
-    try:
-        meta = json.loads((checkpoint / "trainer.json").read_text())
-        base, then = meta["options"]["model"], meta["fingerprints"]["model"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # not a gift.py checkpoint's adapter: nothing recorded to compare with
-    if not base:
-        return  # the embedded task's base exists only in memory (its fingerprint is of its tensors)
-    if (now := folder_fingerprint(folder)) != then:
-        raise ValueError(f"--adapter {adapter}: trained on a base model with fingerprint {then} "
-                         f"({checkpoint / 'trainer.json'}), but {folder} has fingerprint {now}: another model "
-                         "(replaced, or retrained into the same path); give the base it was trained on")
+    record = adapter_dir / ADAPTER_BASE
+    then = json_or_empty(record).get("base_fingerprint")  # save_adapter's record of the base
+    if not then:  # saved without it (PEFT's own, an older one): its gift.py checkpoint's, if it sits in one
+        try:
+            meta, record = json.loads((checkpoint / "trainer.json").read_text()), checkpoint / "trainer.json"
+            then = meta["options"]["model"] and meta["fingerprints"]["model"]  # the embedded task's base: in memory
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # nothing recorded to compare with
+    if then and (now := folder_fingerprint(folder)) != then:
+        raise ValueError(f"--adapter {adapter}: trained on a base model with fingerprint {then} ({record}), but "
+                         f"{folder} has fingerprint {now}: another model (a merged export, another base, or one "
+                         "replaced or retrained into the same path); give the base it was trained on")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -456,23 +458,26 @@ def load_weights(folder, adapter=None, dtype=None, device=None, merge=False):
 # The output folder: one run per folder, never overwritten by accident; preemption; status.json for a requeue script
 
 
-def lock_file(path):
+def lock_file(path, note=True):
     """An exclusive flock on `path` while the returned file stays open (the kernel drops it however the process ends,
-    kill -9 included): (the open file, None), or (None, its holder). No locks there (network mounts): only a warning."""
+    kill -9 included): (the open file, None), or (None, its holder). note: `path` is a lock file, which then names its
+    holder ("pid N on HOST"); else a file of ours (eval.py's records), opened to append and never truncated. No locks
+    there (network mounts): only a warning."""
     lock = open(path, "a+")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.seek(0)
-        holder = lock.read().strip() or "another process"
+        holder = note and lock.read().strip() or "another process"
         lock.close()
         return None, holder
     except OSError as e:
         print(f"warning: cannot lock {path} ({e}); make sure no other job writes there", file=sys.stderr)
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    lock.flush()
+    if note:
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        lock.flush()
     return lock, None
 
 
@@ -496,16 +501,27 @@ def checkpoint_step(name):
 EXPORTED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
             "added_tokens.json", "chat_template.jinja", "generation_config.json", GENERATION_DEFAULTS, "modeling_*.py",
             EMBEDDED_EVAL["test_data"], "configuration_*.py", "generation_utils.py", "tokenization_*.py")
-# the files of each part, as write_checkpoint writes them; anything else in a step-N folder is a user's
+# step-N/manifest.json: every file its save wrote (write_checkpoint), the run's; anything else there is a user's. A
+# checkpoint without one (older code's, tests/data/ebf2705) keeps the name rule: each part's files as written, below
+MANIFEST = "manifest.json"
 MODEL_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json", *EXPORTED)
 PART_FILES = {"train_state": (".metadata", "*.distcp"), "adapter": ("adapter_config.json", "adapter_model.safetensors"),
               "model": MODEL_FILES, "merged": MODEL_FILES}
 
 
 def lock_folder(out):
-    """An exclusive lock on <out>/.lock for the run's life (lock_file: the kernel drops it however it ends)."""
+    """An exclusive lock on <out>/.lock for the run's life (lock_file: the kernel drops it however it ends). A .lock
+    that no run wrote (not empty nor "pid N on HOST": a user's file, a link, a folder) is refused, never truncated."""
     out.mkdir(parents=True, exist_ok=True)
-    lock, holder = lock_file(out / ".lock")
+    path = out / ".lock"
+    head = path.read_bytes()[:4096] if path.is_file() and not path.is_symlink() else b""
+    if path.is_symlink() or path.exists() and not path.is_file() or not re.fullmatch(rb"(pid \d+ on .*\n)?", head):
+        raise FileExistsError(f"{path} is not a lock a gift.py run wrote; nothing was changed: move it away, or "
+                              "choose another --out")
+    try:
+        lock, holder = lock_file(path)
+    except OSError as e:  # a full disk when its holder line is written: say where
+        raise OSError(e.errno, f"cannot lock {path} ({e.strerror or e})") from e
     if lock is None:
         raise RunError(f"{out} is in use by a running job ({holder}): one run per output folder; wait for it to end, "
                        "or choose another --out")
@@ -523,6 +539,11 @@ def claim_output_folder(out, resume, overwrite, embedded=False):
         if users:
             raise FileExistsError(f"{out} holds {', '.join(users)}, which the run would replace and no gift.py run "
                                   "wrote; nothing was changed: move those away, or choose another --out")
+        links = [str(p) for p in (out / "checkpoints").glob("step-*")
+                 if p.is_symlink() and CHECKPOINT_NAME.fullmatch(p.name)]
+        if links:  # never followed: a save, rotation or --resume would write, delete or read a user's files through it
+            raise FileExistsError(f"{', '.join(links)}: a symbolic link where the run keeps a checkpoint, which "
+                                  "gift.py never follows; nothing was changed: move it away, or choose another --out")
         existing = [name for name in RUN_FILES if (out / name).exists() or (out / name).is_symlink()]
         foreign = not_ours(out) if existing else []
         named = (out / "latest").read_text().strip() if (out / "latest").is_file() else ""  # "": a damaged one
@@ -552,7 +573,8 @@ def claim_output_folder(out, resume, overwrite, embedded=False):
 
 def not_ours(out):
     """What --overwrite would delete in `out` that a gift.py run did not write: in checkpoints/, anything but step-N
-    folders (and .tmp) holding a checkpoint's parts only; a symbolic link; a `latest` or metrics.jsonl not ours."""
+    folders (and .tmp) holding a checkpoint's parts only; a symbolic link; a `latest`, metrics.jsonl or ref_betas.pt
+    not ours; a wandb/ folder where no run of ours logged to W&B (no wandb_run_id)."""
     foreign = [str(out / name) for name in RUN_FILES if (out / name).is_symlink()]
     if (out / "checkpoints").is_dir() and not (out / "checkpoints").is_symlink():
         for p in (out / "checkpoints").iterdir():
@@ -567,7 +589,18 @@ def not_ours(out):
             first = f.readline()
         if first and not first.startswith(b'{"step": '):
             foreign.append(str(out / "metrics.jsonl"))
+    if (out / "wandb").exists() and not (out / WANDB_ID).is_file():
+        foreign.append(str(out / "wandb"))
+    if (out / "ref_betas.pt").is_file() and not betas_cache(out / "ref_betas.pt"):
+        foreign.append(str(out / "ref_betas.pt"))
     return foreign
+
+
+def betas_cache(path):
+    """Whether `path` holds gift.py's GIFT* cache (gift_star_betas: {"key", "betas"}), read as weights, not loaded."""
+    with contextlib.suppress(Exception):  # not a torch file, another pickle: not ours
+        return set(torch.load(path, weights_only=True, mmap=True)) == {"key", "betas"}
+    return False
 
 
 def json_or_empty(path):
@@ -850,16 +883,32 @@ class CheckpointManager:
                     self.kept.add(old)  # said once; no longer rotated
 
 
+def listed_files(folder):
+    """The files (relative paths) checkpoint `folder`'s MANIFEST lists, itself included; None for a checkpoint of older
+    code (no manifest, and trainer.json names none). Unreadable, or missing where trainer.json names it: set(), nothing
+    is the run's (rotation keeps the checkpoint whole, saying so)."""
+    if not os.path.lexists(folder / MANIFEST):
+        return set() if json_or_empty(folder / "trainer.json").get("manifest") == MANIFEST else None
+    with contextlib.suppress(OSError, ValueError):
+        names = None if (folder / MANIFEST).is_symlink() else json.loads((folder / MANIFEST).read_text())
+        if isinstance(names, list) and all(isinstance(name, str) for name in names):
+            return {MANIFEST, *names}
+    return set()
+
+
 def checkpoint_files(folder):
-    """(ours, theirs): the paths under a step-N folder, at any depth, that write_checkpoint writes (PART_FILES), and
-    the others (a user's notes, an eval.json beside model/, a symbolic link), which nothing of the run deletes."""
-    ours, theirs = [], []
+    """(ours, theirs): the paths under a step-N folder, at any depth, that its save wrote (listed_files, or for an
+    older checkpoint the names of PART_FILES), and the others (a user's notes, an eval.json beside model/, a symbolic
+    link), which nothing of the run deletes."""
+    ours, theirs, listed = [], [], listed_files(folder)
     for root, dirs, files in os.walk(folder):
         rel = Path(root).relative_to(folder)
         for name in files + [d for d in dirs if Path(root, d).is_symlink()]:
             path = Path(root, name)
             if path.is_symlink():
                 own = False
+            elif listed is not None:
+                own = (rel / name).as_posix() in listed
             elif rel == Path("."):
                 own = name in ("trainer.json", "loop_state.pt")
             else:
@@ -880,9 +929,12 @@ def delete_own_files(folder):
     if not theirs:
         shutil.rmtree(folder, ignore_errors=True)
         return []
-    for path in ours:
+    for path in set(ours) - {str(folder / MANIFEST)}:
         with contextlib.suppress(OSError):
             os.unlink(path)
+    if str(folder / MANIFEST) in ours:  # kept, listing nothing (last): what is left is the user's, whatever its names
+        with contextlib.suppress(OSError):
+            (folder / MANIFEST).write_text("[]\n")
     for part in [folder / name for name in PART_FILES] + [folder]:
         with contextlib.suppress(OSError):
             part.rmdir()  # only when empty
@@ -892,14 +944,16 @@ def delete_own_files(folder):
 
 
 def move_into(tmp, folder):
-    """A new checkpoint's files (tmp) moved into `folder`, which holds a user's files only: trainer.json last (a kill
-    midway leaves an incomplete checkpoint). A part that is a user's file or symbolic link is refused, nothing moved."""
+    """A new checkpoint's files (tmp) moved into `folder`, which holds a user's files only: its manifest first (what
+    it lists is the run's), trainer.json last (a kill midway leaves an incomplete checkpoint). A part that is a user's
+    file or symbolic link is refused, nothing moved."""
     targets = [folder / part.name for part in tmp.iterdir() if part.is_dir()]
     blocked = [str(t) for t in targets if t.is_symlink() or t.exists() and not t.is_dir()]
     if blocked:
         raise OSError(errno.EEXIST, f"{', '.join(blocked)} is not a folder gift.py wrote (a file or a link of the "
                                     "user's where the checkpoint writes a folder); move it away")
-    files = sorted((f for f in tmp.rglob("*") if not f.is_dir()), key=lambda f: f.name == "trainer.json")
+    order = {MANIFEST: 0, "trainer.json": 2}
+    files = sorted((f for f in tmp.rglob("*") if not f.is_dir()), key=lambda f: order.get(f.name, 1))
     for f in files:
         (folder / f.relative_to(tmp)).parent.mkdir(parents=True, exist_ok=True)
         os.replace(f, folder / f.relative_to(tmp))
@@ -913,9 +967,10 @@ def delete_checkpoint(folder):
         return True
     parts = [folder.parent, folder] + [d for d in folder.rglob("*") if d.is_dir() and not d.is_symlink()]
     locked = [d for d in parts if not os.access(d, os.W_OK)]
-    if locked:
-        print(f"warning: cannot delete the old checkpoint {folder} ({locked[0]} is read-only): kept; delete it "
-              "yourself when you no longer need it", file=sys.stderr, flush=True)
+    if locked or listed_files(folder) == set():  # read-only, or which files are the run's is unknown
+        why = f"{locked[0]} is read-only" if locked else f"its {MANIFEST} is unreadable or missing"
+        print(f"warning: cannot delete the old checkpoint {folder} ({why}): kept; delete it yourself when you no "
+              "longer need it", file=sys.stderr, flush=True)
         return False
     if checkpoint_files(folder)[1]:  # a user's files in it: deleted in place, nothing renamed
         delete_own_files(folder)
@@ -929,8 +984,9 @@ def delete_checkpoint(folder):
 def saved_checkpoints(folder, up_to):
     """The step-N checkpoints in `folder` up to step `up_to`, oldest first, those a kill left behind included."""
     found = [p for p in folder.iterdir() if p.is_dir() and not p.is_symlink()] if folder.is_dir() else []
+    # a checkpoint: files of its save left besides its manifest, or a manifest unreadable (kept whole, said once)
     return sorted(p.name for p in found if (step := checkpoint_step(p.name)) is not None and step <= up_to
-                  and checkpoint_files(p)[0])
+                  and (set(checkpoint_files(p)[0]) - {str(p / MANIFEST)} or listed_files(p) == set()))
 
 
 @dataclass
@@ -940,6 +996,8 @@ class Export:
     files: list  # the base folder's other files (tokenizer, official modeling code, ...), copied into each folder
     base_name: str = ""  # adapter_config.json's base_model_name_or_path
     merged: bool = False  # LoRA: also merged/, the base with the adapters folded in
+    base_fingerprint: str = ""  # the base folder's (folder_fingerprint, made once at start), recorded in each adapter
+    merge_from: str = ""  # a folder: merged/ folds the adapters into its stored weights (LoRA below their precision)
 
 
 def export_pretrained(config, state_dict, path, dtype, files=()):
@@ -983,14 +1041,19 @@ def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, e
     if is_rank0():
         module = unwrap(model)  # DDP's .module
         if lora:
-            save_adapter(module, tmp / "adapter", base_model_name_or_path=export.base_name, state=full)
+            save_adapter(module, tmp / "adapter", base_model_name_or_path=export.base_name, state=full,
+                         base_fingerprint=export.base_fingerprint)
             if export.merged:
-                export_pretrained(module.config, merged_state_dict(module, full), tmp / "merged", export.dtype,
-                                  export.files)
+                export_pretrained(module.config, merged_state_dict(module, full, export.merge_from), tmp / "merged",
+                                  export.dtype, export.files)
         else:
             export_pretrained(module.config, full, tmp / "model", export.dtype, export.files)
         torch.save(loop_state, tmp / "loop_state.pt")
-        (tmp / "trainer.json").write_text(json.dumps(trainer, indent=2))
+        listed = sorted(f.relative_to(tmp).as_posix() for f in tmp.rglob("*") if f.is_file()) + ["trainer.json"]
+        atomic_write_text(tmp / MANIFEST, json.dumps(listed, indent=0) + "\n")  # whole or absent, if a kill comes
+        (tmp / "trainer.json").write_text(json.dumps(dict(trainer, manifest=MANIFEST), indent=2))
+        if folder.is_symlink():  # never followed: a save through it would delete and write a user's files
+            raise OSError(errno.EEXIST, f"{folder} is a symbolic link, which gift.py never follows; move it away")
         if folder.exists():  # saved again at its step (resume fell back past a damaged one): ours go, a user's stay
             delete_own_files(folder)
         if folder.exists():
@@ -1046,6 +1109,8 @@ class CheckpointLoadPlanner(DefaultLoadPlanner):
 
 def checkpoint_problem(ckpt):
     """Why checkpoint folder `ckpt` cannot be resumed from, or None: a missing, unreadable or truncated part."""
+    if ckpt.is_symlink():
+        return "a symbolic link (gift.py never follows one)"
     if not ckpt.is_dir():
         return "the folder does not exist"
     for part in ("trainer.json", "loop_state.pt", "train_state/.metadata"):
@@ -1284,8 +1349,10 @@ FINGERPRINTS = ("model_fingerprint", "adapter_fingerprint")  # of the weights th
 
 
 def open_output(p, args):
-    """--out checked before the model loads, and the records file beside it (.jsonl) created; rank 0 locks it (one
-    eval per output file, as gift.py's one run per folder). Returns (summary, records, lock); Nones without --out."""
+    """--out checked before the model loads: the summary and the records file beside it (.jsonl) must each be absent
+    or eval.py's (check_summary, check_records); rank 0 locks an existing records file (one eval per output file, as
+    gift.py's one run per folder; a new one is created and locked with its first batch: append_records). Returns
+    (summary, records, lock); Nones without --out."""
     if not args.out:
         return None, None, None
     out = Path(args.out)
@@ -1297,25 +1364,57 @@ def open_output(p, args):
         if os.path.realpath(path) in inputs:
             p.error(f"--out {args.out}: it would write {path}, which is the {inputs[os.path.realpath(path)]} file; "
                     "name another summary file")
+    lock = None
     try:
         check_summary(out)
+        check_records(records_path)
         out.parent.mkdir(parents=True, exist_ok=True)
-        open(records_path, "a").close()
+        if not os.access(out.parent, os.W_OK):
+            raise PermissionError(errno.EACCES, "permission denied")
+        if int(os.environ.get("RANK", "0")) == 0 and records_path.exists():  # before the process group starts
+            lock, _ = lock_file(records_path, note=False)
+            if lock is None:
+                p.error(f"--out {args.out}: another eval.py is writing {records_path}; wait for it, or use another "
+                        "--out")
     except ValueError as e:
         p.error(str(e))
     except OSError as e:
         p.error(f"--out {args.out}: cannot write {records_path} ({e.strerror})")
-    lock = None
-    if int(os.environ.get("RANK", "0")) == 0:  # before the process group starts: no rank waits on a refused run
-        lock, holder = lock_file(records_path.with_suffix(".lock"))
-        if lock is None:
-            p.error(f"--out {args.out}: another eval.py is writing {records_path}; wait for it, or use another --out")
     return out, records_path, lock
+
+
+def parse_record(line):
+    """The record on a line (bytes) of a records file, or None: not JSON, not an object with seed, index, settings."""
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    ok = isinstance(record, dict) and isinstance(record.get("settings"), dict) and {"seed", "index"} <= record.keys()
+    return record if ok else None
+
+
+def not_records(path, n):
+    """The error for line n of a file at a records file's place that is not eval.py's."""
+    return ValueError(f"{path}, line {n}: not an eval.py records file (a record has seed, index and settings); --out "
+                      "names the summary .json, and its .jsonl beside it must be eval.py's: use another --out")
+
+
+def check_records(path):
+    """A ValueError unless `path` is absent or eval.py's records: its first line a whole record (append_records creates
+    the file with its first batch, whole), so that a user's file is never taken for a torn one, or written."""
+    if path.exists():
+        first = b""
+        if path.is_file():  # a FIFO would never end
+            with open(path, "rb") as f:
+                first = f.readline(1 << 26)
+        if parse_record(first) is None:
+            raise not_records(path, 1)
 
 
 def read_records(path, settings):
     """Rank 0: the records an earlier run of this command left in `path` (JSON lines), {(seed, index): record}, refused
-    unless made with `settings` and, where both have them, the same FINGERPRINTS; a torn last line is cut off."""
+    unless made with `settings` and, where both have them, the same FINGERPRINTS; a torn last line (a kill mid-write:
+    no line break) is cut off."""
     if path is None:
         print("no --out: the generations are not saved, and an interrupted run cannot continue", flush=True)
         return {}
@@ -1325,18 +1424,12 @@ def read_records(path, settings):
     with open(path, "rb") as f:
         lines = f.readlines()
     for n, line in enumerate(lines, 1):
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            if n == len(lines):  # torn by a kill: cut off, the batch is generated again
-                os.truncate(path, sum(map(len, lines[:-1])))
-                break
-            raise ValueError(f"{path}, line {n}: not a JSON record; move the file away to start over")
-        if not (isinstance(record, dict) and isinstance(record.get("settings"), dict)
-                and {"seed", "index"} <= record.keys()):
-            raise ValueError(f"{path}, line {n}: not an eval.py records file (a record has seed, index and "
-                             "settings); --out names the summary .json, and its .jsonl beside it must be eval.py's: "
-                             "use another --out")
+        if 1 < n == len(lines) and not line.endswith(b"\n"):  # torn by a kill: cut off, the batch is generated again
+            os.truncate(path, sum(map(len, lines[:-1])))
+            break
+        record = parse_record(line)
+        if record is None:
+            raise not_records(path, n)
         old = record["settings"]
         for k in FINGERPRINTS:
             if k in old and k in settings and old[k] != settings[k]:
@@ -1373,13 +1466,45 @@ def check_summary(out, settings=None):
 
 
 def append_records(path, records, settings):
-    """One JSON line per graded item (with the settings), flushed to disk before the next batch starts."""
+    """One JSON line per graded item (with the settings), on disk before the next batch starts. A new file comes whole
+    with its first batch (written under a name of its own, locked, then linked to `path`: never over another's file)
+    and is returned, open and locked, for the caller to keep while it writes; None otherwise."""
+    text = "".join(json.dumps(dict(r, settings=settings)) + "\n" for r in records)
     try:
-        with open(path, "a") as f:
-            for r in records:
-                f.write(json.dumps(dict(r, settings=settings)) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        if path.exists():  # this run's (open_output checked it, and locked it)
+            with open(path, "a") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            return None
+        tmp = path.with_name(f"{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # created here: no one else's file
+        try:
+            lock, _ = lock_file(tmp, note=False)
+            lock.write(text)
+            lock.flush()
+            os.fsync(lock.fileno())
+            os.link(tmp, path)  # FileExistsError: another eval.py made it meanwhile
+        finally:
+            os.unlink(tmp)
+        return lock
+    except FileExistsError as e:
+        raise OSError(e.errno, f"eval.py: another eval.py started writing {path} meanwhile; use another --out") from e
     except OSError as e:
         raise OSError(e.errno, f"eval.py: cannot write {path} ({e.strerror}); the items before this batch are "
                                "saved, rerun the same command to continue") from e
+
+
+HARNESS_FIELDS = ("results", "configs", "versions", "config")  # lm-eval's results, as eval.py --harness writes them
+
+
+def check_harness_out(out):
+    """A ValueError unless eval.py --harness may write its results to `out`: a new file in an existing folder, or the
+    results of an earlier eval.py --harness (never a model's config.json, a task's data or a user's JSON)."""
+    if out.is_dir() or not out.parent.is_dir():
+        raise ValueError(f"--out {out}: {'a folder' if out.is_dir() else 'its folder does not exist'}; name a results "
+                         ".json file in an existing folder")
+    if out.exists() and not (set(HARNESS_FIELDS) <= (old := json_or_empty(out)).keys()
+                             and isinstance(old["config"], dict) and old["config"].get("model") in ("GiftLM", "gift")):
+        raise ValueError(f"--out {out}: the file exists and is not the results of eval.py --harness; it would be "
+                         "replaced: name another --out, or move the file away")

@@ -510,8 +510,10 @@ class LLaDA(nn.Module):
 
     def save_pretrained(self, path, max_shard_bytes=5 * 10**9):
         """config.json plus safetensors shards (at most max_shard_bytes each) with an index when there is more
-        than one, written into a temporary folder and renamed into place; in the family's own names (Dream's
-        config fields and keys), a tied head stored once, as the embedding (as Hugging Face saves it)."""
+        than one, in the family's own names (Dream's config fields and keys), a tied head stored once, as the embedding
+        (as Hugging Face saves it). Each file is written whole (atomic_folder): a new folder appears complete, into an
+        existing one only these files are written, its other files (a tokenizer, a user's notes) left alone; the
+        weight files of an earlier save that this one does not replace (shards of another count, an index) deleted."""
         if any(isinstance(m, LoRALinear) for m in self.modules()):
             raise ValueError("the model has LoRA adapters: merge_lora(model) first, or save them with save_adapter")
         state = self.state_dict()
@@ -529,7 +531,7 @@ class LLaDA(nn.Module):
         shards.append(current)
         names = (["model.safetensors"] if len(shards) == 1 else
                  [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-        with atomic_folder(path) as tmp:
+        with atomic_folder(path, own=r"model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?") as tmp:
             config.to_json(tmp / "config.json")
             for name, shard in zip(names, shards):
                 save_file(shard, str(tmp / name), metadata={"format": "pt"})
@@ -717,23 +719,30 @@ def read_json(path, hint="", object_only=True):
 
 
 def atomic_write_text(path, text):
-    """`text` (str, or bytes) into `path`, whole or not at all (written beside it under a name of this process's,
-    then renamed: processes writing one file at once never mix); an OSError names the path (ENOSPC names none)."""
+    """`text` (str, or bytes) into `path`, whole or not at all (written beside it into a new file of this call's, then
+    renamed: processes writing one file at once never mix, and no other file, a user's, is written or renamed); an
+    OSError names the path (ENOSPC names none)."""
     path = Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
     try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # FileExistsError rather than another's
         (tmp.write_bytes if isinstance(text, bytes) else tmp.write_text)(text)
         os.replace(tmp, path)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        if not isinstance(e, FileExistsError):  # ours to remove
+            with contextlib.suppress(OSError):
+                tmp.unlink()
         raise OSError(e.errno, f"cannot write {path} ({e.strerror or e})") from e
 
 
 @contextlib.contextmanager
-def atomic_folder(path):
-    """Yield a fresh temporary folder beside `path`; on success it replaces `path` (the old one is removed only after
-    the new one is in place). On an exception the temporary folder is deleted and `path` is untouched."""
+def atomic_folder(path, own=None):
+    """Yield a fresh temporary folder beside `path` to write files into. On success a new `path` is that folder renamed
+    (it appears whole or not at all); into an existing one its files move one by one, each replacing its namesake
+    whole (the JSON files last; a kill between two moves leaves some old), after the files whose names fullmatch the
+    regex `own` (the writer's own, of an earlier write) and that this write does not replace are deleted: every other
+    file is left alone, as Hugging Face's save_pretrained leaves it. On an exception the temporary folder is deleted
+    and `path` is untouched."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
@@ -746,12 +755,16 @@ def atomic_folder(path):
     os.umask(umask)
     for f in [tmp, *tmp.rglob("*")]:  # mkdtemp and safetensors make owner-only files; others on a cluster read them
         os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~umask)
-    old = path.with_name(path.name + ".old")
-    if path.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
+    if not path.exists():  # a new folder: renamed whole
+        os.replace(tmp, path)
+        return
+    new = {f.name for f in tmp.iterdir()}
+    for f in path.iterdir():
+        if own and f.name not in new and re.fullmatch(own, f.name) and f.is_file():
+            f.unlink()
+    for f in sorted(tmp.iterdir(), key=lambda f: f.suffix == ".json"):  # config.json, an index: after the weights
+        os.replace(f, path / f.name)
+    tmp.rmdir()
 
 
 # -----------------------------------------------------------------------------
@@ -907,14 +920,20 @@ def merge_lora(model):
 
 
 @torch.no_grad()
-def merged_state_dict(model, state=None):
+def merged_state_dict(model, state=None, base=None):
     """The state dict of the base model with every adapter folded in, leaving `model` as it is (a merged export
     in the middle of training): the base's own tensors, plus one new tensor per adapted linear. state: the model's
-    whole state dict to read instead of its own (a sharded model's, gathered: longjob.write_checkpoint)."""
+    whole state dict to read instead of its own (a sharded model's, gathered: longjob.write_checkpoint). base: a
+    Hugging Face folder whose stored weights, read from disk in their own dtype, are the base instead of the model's
+    (a LoRA trained in bf16 on a float32 base: the merged weights not rounded to bf16)."""
     full = model.state_dict() if state is None else state
     merged = {k: v for k, v in full.items() if ".lora_" not in k}
+    for shard in weight_files(base) if base else ():
+        with open_weights(shard) as f:
+            merged |= {model.config.module_name(k): f.get_tensor(k) for k in f.keys()}
     for name, m in lora_layers(model):
-        merged[f"{name}.weight"] = merged_weight(m, *(full[f"{name}.{t}"] for t in ("weight", "lora_A", "lora_B")))
+        W = merged[f"{name}.weight"]  # the factors go to W's device: a base read from disk stays on the host
+        merged[f"{name}.weight"] = merged_weight(m, W, *(full[f"{name}.lora_{t}"].to(W.device) for t in "AB"))
     return merged
 
 
@@ -927,12 +946,16 @@ PEFT_UNSUPPORTED = ("use_dora", "fan_in_fan_out", "modules_to_save", "layer_repl
                     "use_qalora", "alora_invocation_tokens")
 
 
-def save_adapter(model, path, base_model_name_or_path="", state=None):
+ADAPTER_BASE = "adapter_base.json"  # save_adapter's record of the base the adapter was trained on
+
+
+def save_adapter(model, path, base_model_name_or_path="", state=None, base_fingerprint=""):
     """adapter_config.json + adapter_model.safetensors in PEFT's LoRA format, written atomically, in the
     checkpoint's module names (Dream's for Dream): the targets as given when PEFT on the official model matches them
     to the same modules (the paper's q_proj, k_proj, v_proj always do), else the adapted modules' full names; and
     the modules whose rank or alpha differ from the run's in rank_pattern / alpha_pattern under their full names.
-    state: as in merged_state_dict."""
+    state: as in merged_state_dict. base_fingerprint: the base folder's (longjob.folder_fingerprint), kept in
+    ADAPTER_BASE beside them (PEFT reads neither more nor less), so the adapter, copied anywhere, names its base."""
     if not (layers := lora_layers(model)):
         raise ValueError("the model has no LoRA adapters to save")
     cfg, name_of = model.lora_config, model.config.checkpoint_name
@@ -955,6 +978,8 @@ def save_adapter(model, path, base_model_name_or_path="", state=None):
     with atomic_folder(path) as tmp:
         (tmp / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
         save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
+        if base_fingerprint:  # not in the safetensors metadata: two keys there are written in a random order
+            (tmp / ADAPTER_BASE).write_text(json.dumps({"base_fingerprint": base_fingerprint}) + "\n")
 
 
 GENERATION_DEFAULTS = "generation_defaults.json"  # a model folder's own sampling / evaluation settings (optional)

@@ -34,14 +34,21 @@ from model import shift_right, unwrap
 REMASKING = ("low_confidence", "random")  # the official strategies
 
 
-def uniforms(shape, generator, device, dtype=None):
+def uniforms(shape, generator, device, dtype=None, lengths=None):
     """U(0, 1) draws of `shape` (B, ...) in `dtype` (None: float32) from one generator (None: torch's global one) or
     from a list of B generators, one per row: training's draw rule (gift.py Part I's uniforms; a test pins the two
-    equal), copied here so that this section needs no trainer."""
+    equal), copied here so that this section needs no trainer. lengths (B,) ints, with a list: row b draws over its
+    last lengths[b] positions only (dim 1: its own tokens, not its left padding; the others 0.5), so that its draws
+    do not depend on the length of the rows beside it."""
     if generator is None or isinstance(generator, torch.Generator):
         where = device if generator is None else generator.device
         return torch.rand(shape, dtype=dtype, device=where, generator=generator).to(device)
-    return torch.stack([torch.rand(shape[1:], dtype=dtype, device=g.device, generator=g) for g in generator]).to(device)
+    if lengths is None:
+        return torch.stack([torch.rand(shape[1:], dtype=dtype, device=g.device, generator=g)
+                            for g in generator]).to(device)
+    rows = [torch.rand((n, *shape[2:]), dtype=dtype, device=g.device, generator=g) for g, n in zip(generator, lengths)]
+    pad = (0, 0) * (len(shape) - 2)  # F.pad's (left, right) pairs run from the last dim: dim 1 padded on the left
+    return torch.stack([F.pad(r, pad + (shape[1] - n, 0), value=0.5) for r, n in zip(rows, lengths)]).to(device)
 
 
 def get_num_transfer_tokens(block_mask_index, steps):
@@ -145,26 +152,28 @@ def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, m
     return un_logits + (cfg_scale + 1) * (logits - un_logits)
 
 
-def candidates(logits, x, eligible, temperature, remasking, generator):
+def candidates(logits, x, eligible, temperature, remasking, generator, lengths=None):
     """The eligible positions' candidate tokens and their confidence, drawn as the official loop draws them:
     logits (N, V) at the eligible positions of x (B, L) -> x0 (B, L), x with the candidates in (the official
     torch.where(mask_index, x0, x)), and confidence (B, L), -inf where nothing may change. A candidate is the argmax,
     or the Gumbel-max at temperature > 0 with uniforms drawn over the official (B, L, V) float64 (one RNG state, the
-    official tokens); its confidence its probability (low_confidence) or, remasking "random", a float32 uniform."""
+    official tokens; per-row generators: each row over its own `lengths` tokens); its confidence its probability
+    (low_confidence) or, remasking "random", a float32 uniform."""
     (B, L), V = x.shape, logits.shape[-1]
-    u = uniforms((B, L, V), generator, x.device, torch.float64)[eligible] if temperature else None
+    u = uniforms((B, L, V), generator, x.device, torch.float64, lengths)[eligible] if temperature else None
     x0 = torch.argmax(add_gumbel_noise(logits, temperature, u), dim=-1)  # (N,)
     if remasking == "low_confidence":
         x0_p = low_confidence(logits, x0)  # (N,)
     else:
-        x0_p = uniforms((B, L), generator, x.device)[eligible]  # (N,)
+        x0_p = uniforms((B, L), generator, x.device, lengths=lengths)[eligible]  # (N,)
     confidence = torch.full((B, L), float("-inf"), dtype=x0_p.dtype, device=x.device)
     return x.masked_scatter(eligible, x0), confidence.masked_scatter(eligible, x0_p)
 
 
-def check_tensors(prompt, attention_mask, generator, where):
+def check_tensors(prompt, attention_mask, generator, where, model=None, gen_length=0, gen_name="gen_length"):
     """A sampler's tensors, before any forward pass (its options are SamplerOptions' check): a prompt of token ids
-    (B, P), an attention mask of its shape, one generator or one per row."""
+    (B, P), an attention mask of its shape, one generator or one per row; with `model`, ids that are rows of its
+    embedding, and P + gen_length (the argument gen_name) within its context (a config may leave either out)."""
     if prompt.dim() != 2:
         raise ValueError(f"{where}: prompt must be (batch, prompt_len) token ids, got shape {tuple(prompt.shape)}; "
                          f"use prompt[None] for a single prompt")
@@ -173,6 +182,15 @@ def check_tensors(prompt, attention_mask, generator, where):
                          f"{tuple(prompt.shape)}")
     if isinstance(generator, (list, tuple)) and len(generator) != len(prompt):
         raise ValueError(f"{where}: {len(generator)} generators for {len(prompt)} rows")
+    config = getattr(unwrap(model), "config", None)
+    rows, context = getattr(config, "embedding_size", None), getattr(config, "max_sequence_length", None)
+    lo, hi = (int(prompt.min()), int(prompt.max())) if prompt.numel() else (0, 0)
+    if rows and not (0 <= lo and hi < rows):
+        raise ValueError(f"{where}: prompt holds the token id {lo if lo < 0 else hi}, outside the model's vocabulary "
+                         f"(ids 0 .. {rows - 1}: config embedding_size {rows})")
+    if context and prompt.shape[1] + gen_length > context:
+        raise ValueError(f"{where}: the prompt's {prompt.shape[1]} tokens + {gen_name}={gen_length} exceed the model's "
+                         f"context (config max_sequence_length {context})")
 
 
 def append_masks(prompt, attention_mask, gen_length, mask_id):
@@ -233,14 +251,16 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
     generator: torch.Generator on the prompt's device for the random draws (None: the global RNG, as official).
         The draws have the official shapes and order ((B, L, V) float64 uniforms for the noise, then (B, L)
         float32 for random remasking), so the same RNG state gives the official tokens. A list of B generators
-        draws each row's noise from its own (a row's tokens then do not depend on its batch).
+        draws each row's noise from its own, over its own tokens, not its left padding (uniforms' lengths): a row's
+        tokens then do not depend on its batch.
     """
     mask_id = unwrap(model).config.mask_token_id if mask_id is None else mask_id
     given = dict(gen_length=gen_length, steps=steps, block_length=block_length, temperature=temperature,
                  cfg_scale=cfg_scale, remasking=remasking)
     check_block_arguments(lambda key: f"sample.py generate: {key}={given[key]!r}", **given)
-    check_tensors(prompt, attention_mask, generator, "sample.py generate")
+    check_tensors(prompt, attention_mask, generator, "sample.py generate", model, gen_length)
     x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
+    lengths = None if attention_mask is None else attention_mask.sum(1).tolist()  # each row's own tokens, pads not
     prompt_index = x != mask_id  # what CFG masks: every non-mask token at the start, left pads included
     positions = torch.arange(x.shape[1], device=x.device)  # (L,)
 
@@ -257,7 +277,7 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
             eligible = mask_index & (positions < block_end)  # (B, L)
             logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id)  # (N, V)
             # candidates and their confidence, drawn as the official loop draws them
-            x0, confidence = candidates(logits, x, eligible, temperature, remasking, generator)  # (B, L) each
+            x0, confidence = candidates(logits, x, eligible, temperature, remasking, generator, lengths)  # (B, L)
 
             # the k most confident positions take their candidates (the official transfer_index); a candidate
             # equal to mask_id leaves its position masked, and eligible again at the next step, as officially
@@ -271,6 +291,7 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
 # =============================================================================
 
 import argparse
+import difflib
 import json
 from dataclasses import InitVar, dataclass, field, fields, replace
 from pathlib import Path
@@ -433,9 +454,10 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
         raise ValueError(f"sample.py generate_cached: options.gen_length ({o.gen_length}), steps ({o.steps}) and "
                          f"block_length ({o.block_length}) must be set; e.g. SamplerOptions(gen_length=128, steps=128, "
                          "block_length=32, cache='dual')")
-    check_tensors(prompt, attention_mask, generator, "sample.py generate_cached")
+    check_tensors(prompt, attention_mask, generator, "sample.py generate_cached", model, o.gen_length)
     mask_id = unwrap(model).config.mask_token_id if mask_id is None else mask_id
     x, attention_mask = append_masks(prompt, attention_mask, o.gen_length, mask_id)  # (B, L), (B, L) or None
+    lengths = None if attention_mask is None else attention_mask.sum(1).tolist()  # as generate()
     prompt_index = x != mask_id
     B, L = x.shape
     positions = torch.arange(L, device=x.device)
@@ -480,7 +502,7 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
                 built = torch.full((B,), full, device=x.device) if drifted is None or full else drifted
                 drifted, tracked, reference = attention_drift(attn, built, tracked, reference, o.cache_drift,
                                                               block_start)
-            x0, confidence = candidates(logits, x, eligible, o.temperature, o.remasking, generator)  # as generate()
+            x0, confidence = candidates(logits, x, eligible, o.temperature, o.remasking, generator, lengths)
 
             # generate()'s k most confident positions, or (threshold) every position above it and at least the
             # most confident one
@@ -627,7 +649,7 @@ def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, s
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"{where}: generator must be one torch.Generator or None, got {type(generator).__name__}: "
                          f"the official draws span the whole batch (one uniform per mask), not one row each")
-    check_tensors(prompt, attention_mask, None, where)
+    check_tensors(prompt, attention_mask, None, where, model, max_new_tokens, "max_new_tokens")
     mask_id, head = module.config.mask_token_id, module.head
     x = F.pad(prompt, (0, max_new_tokens), value=mask_id)  # (B, L), L = P + max_new_tokens
     if attention_mask is not None:
@@ -776,10 +798,16 @@ FOLDER_TEXT_FIELDS = ("task", "prompt_style", "test_data")  # generation_default
 
 
 def folder_defaults(folder):
-    """The model folder's generation_defaults.json ({} when it has none), checked: a JSON object whose sampler fields
-    have SamplerOptions' types, choices and ranges (check_sampler_options), and whose other fields are strings; a
-    ValueError naming the file and the field otherwise."""
+    """The model folder's generation_defaults.json ({} when it has none), checked: a JSON object of SamplerOptions'
+    fields and FOLDER_TEXT_FIELDS, nothing else (a misspelt key is refused, not ignored), the former with
+    SamplerOptions' types, choices and ranges (check_sampler_options), the latter strings; a ValueError naming the file
+    and the field."""
     path, defaults = Path(folder) / GENERATION_DEFAULTS, generation_defaults(folder)  # a JSON object (read_json)
+    known = [f.name for f in fields(SamplerOptions)] + list(FOLDER_TEXT_FIELDS)
+    if unknown := [name for name in defaults if name not in known]:
+        close = difflib.get_close_matches(unknown[0], known, 1)
+        raise ValueError(f"{path}: field {unknown[0]!r} is not a generation setting"
+                         + (f" (did you mean {close[0]!r}?)" if close else "") + f"; the settings: {', '.join(known)}")
     for name in FOLDER_TEXT_FIELDS:
         if defaults.get(name) is not None and not isinstance(defaults[name], str):
             raise ValueError(f"{path}: field {name!r} = {json.dumps(defaults[name])}: expected a string")
@@ -836,7 +864,9 @@ def parse_args(argv=None):
         options = options_from_flags(args, defaults)
         check_sampler_choice(args, options, args.folder)
         options = with_lengths(options, 128, 32, 1, "flags")  # unset: 128 tokens, one per step, blocks of 32
-        check_step_count(options, given=args.steps is not None)  # the lengths filled in
+        folder_steps = args.steps is None and args.gen_length is None and "steps" in defaults  # against the default
+        check_step_count(options, args.steps is not None or folder_steps,  # the lengths filled in
+                         Path(args.folder) / GENERATION_DEFAULTS if folder_steps else None)
         check_lengths(options, args.folder)
         args.adapter = args.adapter or adapter
         check_adapter(args.folder, args.adapter)

@@ -455,7 +455,7 @@ CHAT_TOKEN_ROWS = [  # (family, bad row, the field named, the token named)
      data.START_HEADER),
     ("llada", {"messages": [{"role": "system", "content": f"{data.BOS}s"}, {"role": "user", "content": "q"},
                             {"role": "assistant", "content": "a"}]}, "messages[0].content", data.BOS),
-    ("llada", {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"a{data.EOS}"}]},
+    ("llada", {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"a{data.EOS}b"}]},
      "messages[1].content", data.EOS),
     ("llada", {"question": "q", "thinking_trajectories": [f"t{data.END_HEADER}"], "attempt": "a"},
      "thinking_trajectories[0]", data.END_HEADER),
@@ -488,6 +488,18 @@ def test_text_near_a_special_token_and_plain_added_tokens_are_kept(tmp_path):
     (ids, prompt_len), = data.load_dataset(path, tokenizer)[0]
     answer = tokenizer.decode(ids[prompt_len:].tolist(), skip_special_tokens=False)
     assert answer == "<tool_call>a</tool_call><|im_end|>"
+
+
+def test_an_answer_padded_with_turn_ends_is_kept(tmp_path, tok):
+    """An answer may end in a run of turn ends or EOS (LLaDA's SFT pads answers so; experiments/countdown.py pads
+    with <|eot_id|> to a fixed length): padding, not a fake turn. The same token before the answer's end is refused."""
+    for rows in ([{"prompt": "q", "response": "a" + data.EOT * 3}],
+                 [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a" + data.EOS * 2}]}]):
+        examples, stats = data.load_dataset(write_jsonl(tmp_path / "d.jsonl", rows), tok)
+        assert len(examples) == 1 and stats["skipped_bad_rows"] == 0
+    path = write_jsonl(tmp_path / "e.jsonl", [{"prompt": "q", "response": data.EOT + "a" + data.EOT}])
+    with pytest.raises(data.DataError, match="field 'response': holds the special token"):
+        data.load_dataset(path, tok)
 
 
 def test_an_integer_too_long_for_python_is_one_line_naming_file_and_line(tmp_path, tok):

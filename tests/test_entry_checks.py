@@ -243,12 +243,14 @@ def test_sample_checks_its_lengths_before_the_model_loads(tmp_path, capsys, no_w
 
 def test_eval_checks_shots_and_context_before_the_model_loads(tmp_path, capsys, no_weights):
     argv = sudoku_checkpoint(tmp_path, 2, max_sequence_length=32)
-    said = refusal(lambda: E.main(argv + ["--shots", "3", "--shot-data", str(tmp_path / "sudoku.csv")]), capsys)
+    shots = tmp_path / "shots.csv"  # the same puzzles in another file (the test file itself is refused)
+    shots.write_bytes((tmp_path / "sudoku.csv").read_bytes())
+    said = refusal(lambda: E.main(argv + ["--shots", "3", "--shot-data", str(shots)]), capsys)
     assert "--shots 3" in said and "2 items" in said
-    said = refusal(lambda: E.main(argv + ["--shots", "-1", "--shot-data", str(tmp_path / "sudoku.csv")]), capsys)
+    said = refusal(lambda: E.main(argv + ["--shots", "-1", "--shot-data", str(shots)]), capsys)
     assert "--shots -1" in said
     # the shots' "Question:" is not in the Sudoku model's alphabet: said in one line, not a tokenizer's exception
-    said = refusal(lambda: E.main(argv + ["--shots", "1", "--shot-data", str(tmp_path / "sudoku.csv")]), capsys)
+    said = refusal(lambda: E.main(argv + ["--shots", "1", "--shot-data", str(shots)]), capsys)
     assert "--shots 1: the few-shot prompt" in said
     said = refusal(lambda: E.main(argv), capsys)  # a 24-token answer and a plain prompt do not fit 32 tokens
     assert "max_sequence_length 32" in said

@@ -111,15 +111,17 @@ def test_a_rerun_with_a_larger_limit_counts_each_item_once(tmp_path):
 def test_one_eval_per_output_file(tmp_path, capsys):
     import fcntl
     argv = sudoku_checkpoint(tmp_path, 2) + ["--out", str(tmp_path / "r.json")]
-    holder = open(tmp_path / "r.lock", "a")
-    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another eval.py writes there
+    E.main(argv + ["--limit", "1"])
+    before = (tmp_path / "r.jsonl").read_text()
+    holder = open(tmp_path / "r.jsonl", "rb")
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another eval.py writes there (it locks the records file)
     try:
         with pytest.raises(SystemExit):
             E.main(argv)
     finally:
         holder.close()
     assert "another eval.py is writing" in capsys.readouterr().err
-    assert (tmp_path / "r.jsonl").read_text() == ""
+    assert (tmp_path / "r.jsonl").read_text() == before
 
 
 # -----------------------------------------------------------------------------
