@@ -47,7 +47,7 @@ from longjob import (DTYPES, SEED_RULE, SEEDS, adapter_fingerprint, add_dtype_fl
                      open_output, rank_and_world, read_records, run_command_line, setup_distributed)
 from model import GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, generation_defaults, shift_right, unwrap
 from sample import (SamplerOptions, add_sampler_flags, check_sampler_choice, check_step_count, decode_until_stop,
-                    folder_defaults, generate, generate_with_options, options_from_flags, with_lengths)
+                    folder_defaults, generate, generate_with_options, options_from_flags, stop_ids, with_lengths)
 
 try:  # lm-evaluation-harness, optional: GiftLM (its model "gift") and eval.py --harness need it
     import lm_eval.models  # noqa: F401  the harness's own models, registered first (lazily), stay available
@@ -571,10 +571,11 @@ def left_padded(prompts, pad_id):
     return ids, attention_mask
 
 
-def sample_answers(model, prompts, options, seed, idx):
+def sample_answers(model, prompts, options, seed, idx, stops=None, stats=None):
     """The answers (B, gen_length) to the token-id prompts of items idx. The block sampler draws (its noise at
     temperature > 0, its order with --remasking random) from each item's own generator; Dream's sampler draws over the
-    whole batch (origin even when greedy), from its first item's: the same batch (--batch-size) draws the same again."""
+    whole batch (origin even when greedy), from its first item's: the same batch (--batch-size) draws the same again.
+    stops, stats: the block samplers' early exit (sample.generate's stop_ids, stats), on unless options say not."""
     device = next(model.parameters()).device
     prompt, attention_mask = left_padded(prompts, model.config.pad_token_id)  # (B, P)
     generators = None
@@ -582,7 +583,7 @@ def sample_answers(model, prompts, options, seed, idx):
         generators = item_generator(seed, idx[0], device)
     elif options.temperature > 0 or options.remasking == "random":
         generators = [item_generator(seed, i, device) for i in idx]
-    out = generate_with_options(model, prompt.to(device), attention_mask.to(device), options, generators)
+    out = generate_with_options(model, prompt.to(device), attention_mask.to(device), options, generators, stops, stats)
     return out[:, prompt.shape[1]:]
 
 
@@ -619,6 +620,7 @@ class SeedRun:
     done: dict = None  # {index: record} graded before (a resumed run): a batch whose items are all done is skipped
     on_batch: Callable = None  # called on rank 0 with each round's new records, as soon as they exist (streaming)
     log_every: int = 0  # N > 0: a progress line every N rounds and at the last, on rank 0 (tokens/s, accuracy, ETA)
+    tokens: dict = None  # evaluate() sets it: the answer tokens generated and those the early exit skipped (all ranks)
 
 
 @torch.no_grad()
@@ -645,24 +647,31 @@ def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, 
     rounds = math.ceil(len(todo) / world)  # the same on every rank
     was_training = module.training
     module.eval()  # LoRA dropout off
-    records, start, generated = list(done.values()), time.time(), 0
+    records, start, tokens, stops = list(done.values()), time.time(), dict(generated=0, skipped=0), stop_ids(tokenizer)
     for round_ in range(rounds):
         idx = todo[round_ * world + rank] if round_ * world + rank < len(todo) else []
-        answers = sample_answers(module, [prompts[i] for i in idx or [0]], options, run.seed, idx or [0])
+        stats = {}  # the early exit's skipped tokens
+        answers = sample_answers(module, [prompts[i] for i in idx or [0]], options, run.seed, idx or [0], stops, stats)
         new = graded_records(tokenizer, task, items, idx, answers, run.seed, done)
         if world > 1:  # every rank's records of the round (in rank order), which rank 0 streams
             parts = gather_objects(new)
             new = [r for part in parts for r in part] if rank == 0 else []
         records += new
-        generated += len(idx) * options.gen_length
+        skipped = stats.get("skipped", 0) if idx else 0
+        tokens["generated"] += len(idx) * options.gen_length - skipped
+        tokens["skipped"] += skipped
         if rank == 0 and run.on_batch and new:
             run.on_batch(new)
         if rank == 0 and run.log_every and ((round_ + 1) % run.log_every == 0 or round_ == rounds - 1):
             elapsed = time.time() - start
             eta = elapsed / (round_ + 1) * (rounds - round_ - 1)
-            print(f"  seed {run.seed}: {len(records)}/{len(items)} items, {generated / max(elapsed, 1e-9):.0f} "
-                  f"tokens/s, accuracy so far {accuracy(task, records):.1f}%, ETA {eta / 60:.1f} min", flush=True)
+            rate = sum(tokens.values()) / max(elapsed, 1e-9)
+            print(f"  seed {run.seed}: {len(records)}/{len(items)} items, {rate:.0f} answer tokens/s "
+                  f"({tokens['generated']} generated, {tokens['skipped']} skipped: the early exit), accuracy so far "
+                  f"{accuracy(task, records):.1f}%, ETA {eta / 60:.1f} min", flush=True)
     module.train(was_training)
+    parts = gather_objects(tokens) if world > 1 else [tokens]  # every rank's counts
+    run.tokens = {k: sum(part[k] for part in parts) for k in tokens}
     if rank != 0:
         return None, None
     records.sort(key=lambda r: r["index"])
@@ -872,9 +881,10 @@ def evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch
         run = SeedRun(seed, pick_shots(shot_items, args.shots, seed), done, on_batch, args.log_every)
         acc, records = evaluate(model, tokenizer, items, args.task, o, args.batch_size, args.prompt_style, run)
         if records is not None:  # rank 0
-            print(f"seed {seed}: accuracy {acc:.2f}%", flush=True)
-            runs.append(dict(seed=seed, accuracy=acc, records=[{k: v for k, v in r.items() if k != "settings"}
-                                                               for r in records]))
+            print(f"seed {seed}: accuracy {acc:.2f}% ({run.tokens['generated']} answer tokens generated, "
+                  f"{run.tokens['skipped']} skipped: the early exit)", flush=True)
+            runs.append(dict(seed=seed, accuracy=acc, tokens=run.tokens,
+                             records=[{k: v for k, v in r.items() if k != "settings"} for r in records]))
     return runs
 
 
@@ -1202,7 +1212,8 @@ class GiftLM(LM):
                 end += 1
             options, until = self._generation_options(kwargs, requests[start].task_name), kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            answers = sample_answers(self.model, prompts[start:end], options, self.seed, noise[start:end])  # (B, gen)
+            answers = sample_answers(self.model, prompts[start:end], options, self.seed, noise[start:end],
+                                     stop_ids(self.tokenizer))  # (B, gen_length)
             for request, answer in zip(requests[start:end], answers.tolist()):
                 out.append(cut_at_stops(decode_until_stop(self.tokenizer, answer), until))
                 self.cache_hook.add_partial("generate_until", request.args, out[-1])

@@ -5,6 +5,7 @@ Its sections: processes (ranks, collectives), command lines, fingerprints, what 
 It imports model.py and data.py only: it is handed names and callables, and never imports the trainer.
 """
 
+import argparse
 import contextlib
 import ctypes
 import dataclasses
@@ -187,7 +188,7 @@ def add_dataclass_flags(parser, cls):
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         if f.type in (bool, "bool"):
-            parser.add_argument(flag, action="store_true", default=None, help=f.metadata["help"])
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f.metadata["help"])
         else:
             kind = {"int": int, "float": float, "str": str}.get(f.type, f.type) if isinstance(f.type, str) else f.type
             parser.add_argument(flag, type=kind, default=None, choices=f.metadata.get("choices"),

@@ -193,6 +193,50 @@ def check_tensors(prompt, attention_mask, generator, where, model=None, gen_leng
                          f"context (config max_sequence_length {context})")
 
 
+def finished_rows(x, start, end, stop_ids, mask_id):
+    """The early exit's test, (B,) bool: the rows of x (B, L) whose answer (from `start`) holds a stop token before
+    `end` with no mask before it. The sampler never changes a token once unmasked, so such a row's text up to its
+    first stop is final: the blocks after it cannot change what is read (decode_until_stop)."""
+    answer = x[:, start:end]  # (B, n): the finished blocks
+    stop = torch.isin(answer, stop_ids)  # (B, n)
+    before = stop.int().cumsum(1) == 0  # the positions before the row's first stop
+    return stop.any(1) & ~(before & (answer == mask_id)).any(1)
+
+
+def eos_after_stop(x, start, stop_ids, eos_id):
+    """x (B, L) with every answer position (from `start`) after its row's first stop token set to eos_id: what the
+    early exit returns, as a model trained on EOS-padded answers (LLaDA's SFT) writes them."""
+    stop = torch.isin(x[:, start:], stop_ids).int()  # (B, n)
+    x[:, start:][stop.cumsum(1) - stop > 0] = eos_id
+    return x
+
+
+def check_stop_ids(stop_ids, generator, B, draws, where, device):
+    """The early exit with random draws (`draws`) on a batch of B > 1 rows needs a generator per row: one generator's
+    draws span the batch, so a row leaving would change the draws of the rows beside it. Returns stop_ids as a
+    tensor on `device` (or None)."""
+    if stop_ids is not None and draws and B > 1 and not isinstance(generator, (list, tuple)):
+        raise ValueError(f"{where}: stop_ids (the early exit) with random draws on a batch of {B} rows needs one "
+                         "generator per row (a list): one generator's draws span the batch")
+    return None if stop_ids is None else torch.as_tensor(list(stop_ids), dtype=torch.long, device=device)
+
+
+def early_exit(x, live, start, end, stop_ids, mask_id, stats, left):
+    """Which rows of `live` (k,) leave before the block that starts at `end` (finished_rows), (k,) bool;
+    stats["skipped"] (a dict, or None) gains `left` tokens for each."""
+    done = finished_rows(x[live], start, end, stop_ids, mask_id)  # (k,)
+    if stats is not None:
+        stats["skipped"] = stats.get("skipped", 0) + int(done.sum()) * left
+    return done
+
+
+def take_rows(rows, *values):
+    """The rows `rows` (k,) of each value: a tensor (B, ...), a list of B per-row generators or lengths; None and one
+    generator (whose draws span the batch) as they are."""
+    return [v if v is None or isinstance(v, torch.Generator) else v[rows] if torch.is_tensor(v) else
+            [v[r] for r in rows.tolist()] for v in values]
+
+
 def append_masks(prompt, attention_mask, gen_length, mask_id):
     """The sampler's start: x = the prompt then gen_length masks (B, P + gen_length), and the attention mask
     extended with ones (the answer is attended to)."""
@@ -234,7 +278,7 @@ def check_block_arguments(said, gen_length, steps, block_length, temperature, cf
 
 @torch.no_grad()
 def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, block_length=128, temperature=0.,
-             cfg_scale=0., remasking="low_confidence", mask_id=None, generator=None):
+             cfg_scale=0., remasking="low_confidence", mask_id=None, generator=None, stop_ids=None, stats=None):
     """LLaDA's official generate(), batched: the same arguments, random draws and tokens. Returns x
     (B, prompt_len + gen_length), prompt included.
 
@@ -253,12 +297,21 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
         float32 for random remasking), so the same RNG state gives the official tokens. A list of B generators
         draws each row's noise from its own, over its own tokens, not its left padding (uniforms' lengths): a row's
         tokens then do not depend on its batch.
+    stop_ids: the token ids that end an answer (turn end, EOS; stop_ids(tokenizer)), or None: the official loop.
+        Given (the early exit), a row leaves the batch before a block once the blocks before hold its first stop
+        token with no mask before it (finished_rows: its text up to there is final), the loop ends when every row
+        has left, and each row's ids after its first stop come back as EOS: the same text up to the stop as without
+        (in float32 a smaller batch may round otherwise: README). With random draws on a batch, one generator per
+        row (one generator's draws span the batch: a row leaving would change the others').
+    stats: a dict, or None; stats["skipped"] gains the answer tokens the early exit did not sample.
     """
     mask_id = unwrap(model).config.mask_token_id if mask_id is None else mask_id
     given = dict(gen_length=gen_length, steps=steps, block_length=block_length, temperature=temperature,
                  cfg_scale=cfg_scale, remasking=remasking)
     check_block_arguments(lambda key: f"sample.py generate: {key}={given[key]!r}", **given)
     check_tensors(prompt, attention_mask, generator, "sample.py generate", model, gen_length)
+    stop_ids = check_stop_ids(stop_ids, generator, len(prompt), temperature > 0 or remasking == "random",
+                              "sample.py generate", prompt.device)
     x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
     lengths = None if attention_mask is None else attention_mask.sum(1).tolist()  # each row's own tokens, pads not
     prompt_index = x != mask_id  # what CFG masks: every non-mask token at the start, left pads included
@@ -266,8 +319,16 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
 
     num_blocks = gen_length // block_length
     steps = steps // num_blocks  # per block, as in the official code
+    live, out = torch.arange(len(x), device=x.device), x  # the rows still sampled: all, but for the early exit
     for num_block in range(num_blocks):
         block_end = prompt.shape[1] + (num_block + 1) * block_length
+        if stop_ids is not None:  # the early exit: rows whose text up to their first stop is final leave the batch
+            live = live[~early_exit(out, live, prompt.shape[1], block_end - block_length, stop_ids, mask_id, stats,
+                                    (num_blocks - num_block) * block_length)]
+            if not len(live):
+                break
+        x, mask_b, prompt_index_b, generator_b, lengths_b = take_rows(  # the live rows: (B, L) ...
+            live, out, attention_mask, prompt_index, generator, lengths)
         block_mask_index = x[:, block_end - block_length:block_end] == mask_id  # (B, block_length)
         num_transfer_tokens = get_num_transfer_tokens(block_mask_index, steps)  # (B, steps)
         for i in range(steps):
@@ -275,15 +336,18 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
             # the official confidence is -inf after the block and where x is no mask: only these N positions can
             # change (masks left in earlier blocks included), so the LM head runs only there
             eligible = mask_index & (positions < block_end)  # (B, L)
-            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id)  # (N, V)
+            logits = guided_logits(model, x, mask_b, eligible, prompt_index_b, cfg_scale, mask_id)  # (N, V)
             # candidates and their confidence, drawn as the official loop draws them
-            x0, confidence = candidates(logits, x, eligible, temperature, remasking, generator, lengths)  # (B, L)
+            x0, confidence = candidates(logits, x, eligible, temperature, remasking, generator_b, lengths_b)  # (B, L)
 
             # the k most confident positions take their candidates (the official transfer_index); a candidate
             # equal to mask_id leaves its position masked, and eligible again at the next step, as officially
             transfer = transfer_index(confidence, num_transfer_tokens[:, i])  # (B, L) bool
             x[transfer] = x0[transfer]
-    return x
+        out[live] = x
+    if stop_ids is not None:
+        eos_after_stop(out, prompt.shape[1], stop_ids, unwrap(model).config.eos_token_id)
+    return out
 
 
 # =============================================================================
@@ -308,7 +372,7 @@ DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")  # Dream's dif
 SAMPLERS = ("block", "dream")  # generate / generate_cached, or diffusion_generate (SamplerOptions.sampler)
 # the options only one of them reads: a flag of the other's is refused (check_sampler_choice)
 BLOCK_ONLY = ("block_length", "cfg_scale", "remasking", "cache", "threshold", "cache_refresh", "cache_drift",
-              "cache_window")
+              "cache_window", "early_exit")
 DREAM_ONLY = ("alg", "alg_temp", "eps", "top_p", "top_k")
 BLOCK_ARGUMENTS = ("gen_length", "steps", "block_length", "temperature", "cfg_scale", "remasking")  # generate()'s own
 
@@ -349,6 +413,11 @@ class SamplerOptions:
     cache_window: int = field(default=None, metadata={"help": "fast sampler: a --cache rebuild after the first block "
                               "recomputes only the positions within this many tokens of the block, the rest reused "
                               "(unset: the whole sequence; e.g. the block length)"})
+    early_exit: bool = field(default=None, metadata={"help": "block samplers: a row stops once a finished block "
+                             "holds its first turn end or EOS with nothing masked before it (its text up to there is "
+                             "final), the rest returned as EOS: the same answers, fewer steps. Unset: on where answers "
+                             "are cut at the turn end (eval.py, the harness, sample.py); --no-early-exit: every block, "
+                             "as the official generate"})
     sampler: str = field(default="block", metadata={"help": "block: the block low-confidence sampler above, for "
                          "either family (the paper's evaluation protocol, Appendix C); dream: Dream's own "
                          "diffusion_generate (a Dream model only; its options --alg ... --top-k)", "choices": SAMPLERS})
@@ -440,7 +509,7 @@ def rebuild_rows(model, x, attention_mask, prompt_index, cfg_scale, mask_id, kv_
 
 @torch.no_grad()
 def generate_cached(model, prompt, attention_mask=None, options=None, generator=None, mask_id=None,
-                    refresh_cache_every_step=False):
+                    refresh_cache_every_step=False, stop_ids=None, stats=None):
     """generate() made faster after Fast-dLLM (Wu et al. 2025, arXiv 2505.22618), at the cost of exactness: a
     key/value cache (options.cache), confidence-threshold parallel decoding (options.threshold), and a cache rebuilt
     on a schedule (options.cache_refresh) or when attention drifts (options.cache_drift); SamplerOptions says what
@@ -448,6 +517,7 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
     random draws are generate()'s; options with cache=None and threshold=None give generate()'s tokens.
     refresh_cache_every_step: rebuild the cache at every step (a check: the exact sampler's tokens as long as every
         block ends fully unmasked; tests/test_sample_eval_refusals.py shows both cases).
+    stop_ids, stats: generate()'s early exit (a row leaves before a block, its keys and values with it).
     """
     o = options or SamplerOptions()  # checked when built
     if None in (o.gen_length, o.steps, o.block_length):
@@ -455,6 +525,8 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
                          f"block_length ({o.block_length}) must be set; e.g. SamplerOptions(gen_length=128, steps=128, "
                          "block_length=32, cache='dual')")
     check_tensors(prompt, attention_mask, generator, "sample.py generate_cached", model, o.gen_length)
+    stop_ids = check_stop_ids(stop_ids, generator, len(prompt), o.temperature > 0 or o.remasking == "random",
+                              "sample.py generate_cached", prompt.device)
     mask_id = unwrap(model).config.mask_token_id if mask_id is None else mask_id
     x, attention_mask = append_masks(prompt, attention_mask, o.gen_length, mask_id)  # (B, L), (B, L) or None
     lengths = None if attention_mask is None else attention_mask.sum(1).tolist()  # as generate()
@@ -465,9 +537,23 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
     num_blocks = o.gen_length // o.block_length
     steps = o.steps // num_blocks  # per block
     kv_cache = None  # built at the first block's first step; rebuilt (or, cache_window, updated) at a block's first
+    live, out = torch.arange(B, device=x.device), x  # the rows still sampled: all, but for the early exit
     for num_block in range(num_blocks):
         block_start = prompt.shape[1] + num_block * o.block_length
         block_end = block_start + o.block_length
+        if stop_ids is not None:  # generate()'s early exit
+            done = early_exit(out, live, prompt.shape[1], block_start, stop_ids, mask_id, stats,
+                              (num_blocks - num_block) * o.block_length)
+            live = live[~done]
+            if not len(live):
+                break
+            if o.cache_window is not None and kv_cache is not None and done.any():  # kept across blocks: live rows'
+                keep = (~done).nonzero().squeeze(1)
+                keep = torch.cat([keep, keep + len(done)]) if o.cfg_scale > 0 else keep  # CFG's rows: [cond; uncond]
+                kv_cache = [[(k[keep], v[keep]) for k, v in layer] for layer in kv_cache]
+        x, mask_b, prompt_index_b, generator_b, lengths_b = take_rows(  # the live rows: (B, L) ...
+            live, out, attention_mask, prompt_index, generator, lengths)
+        B = len(x)
         num_transfer_tokens = get_num_transfer_tokens(x[:, block_start:block_end] == mask_id, steps)  # (B, steps)
         # without a cache, generate()'s eligible positions; a cached step sees the current block only
         in_block = positions < block_end if o.cache is None else (positions >= block_start) & (positions < block_end)
@@ -486,23 +572,23 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
             elif o.cache is not None and (full or refresh_cache_every_step):
                 kv_cache = []  # a full forward stores every position's keys and values
                 if refresh_cache_every_step:  # fill it now; this step then reads it as a later step does
-                    guided_logits(model, x, attention_mask, eligible, prompt_index, o.cfg_scale, mask_id,
+                    guided_logits(model, x, mask_b, eligible, prompt_index_b, o.cfg_scale, mask_id,
                                   CacheUse(kv_cache))
             elif drifted is not None and drifted.any():  # the drift test fired for these rows at the last step
-                rebuild_rows(model, x, attention_mask, prompt_index, o.cfg_scale, mask_id, kv_cache, drifted)
+                rebuild_rows(model, x, mask_b, prompt_index_b, o.cfg_scale, mask_id, kv_cache, drifted)
             reads_cache = o.cache is not None and (not full or refresh_cache_every_step)
             span = (block_start, block_end if o.cache == "dual" else L) if reads_cache else span
             # the drift test watches the block's own queries (for Dream too, whose span starts one position earlier)
             rows = None if o.cache_drift is None else (block_start, block_end, [])
             cache = None if kv_cache is None else CacheUse(kv_cache, span, rows, windowed)
-            logits = guided_logits(model, x, attention_mask, eligible, prompt_index, o.cfg_scale, mask_id,
+            logits = guided_logits(model, x, mask_b, eligible, prompt_index_b, o.cfg_scale, mask_id,
                                    cache)  # (N, V)
             if rows is not None:
                 attn = torch.stack(rows[2])[:, :B]  # the conditional rows' attention, (n_layers, B, Lb, L)
                 built = torch.full((B,), full, device=x.device) if drifted is None or full else drifted
                 drifted, tracked, reference = attention_drift(attn, built, tracked, reference, o.cache_drift,
                                                               block_start)
-            x0, confidence = candidates(logits, x, eligible, o.temperature, o.remasking, generator, lengths)
+            x0, confidence = candidates(logits, x, eligible, o.temperature, o.remasking, generator_b, lengths_b)
 
             # generate()'s k most confident positions, or (threshold) every position above it and at least the
             # most confident one
@@ -511,23 +597,31 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
             else:
                 transfer = transfer_index(confidence, eligible.any(1).long()) | (eligible & (confidence > o.threshold))
             x = torch.where(transfer, x0, x)
-    return x
+        out[live] = x
+    if stop_ids is not None:
+        eos_after_stop(out, prompt.shape[1], stop_ids, unwrap(model).config.eos_token_id)
+    return out
 
 
-def generate_with_options(model, prompt, attention_mask=None, options=None, generator=None):
+def generate_with_options(model, prompt, attention_mask=None, options=None, generator=None, stop_ids=None, stats=None):
     """Sample with `options` (lengths set): generate(), the exact sampler, when they ask for no cache and no threshold;
     generate_cached() otherwise; Dream's diffusion_generate() with sampler "dream" (its generator: one
-    torch.Generator, as its draws span the batch). (B, P + gen_length)."""
+    torch.Generator, as its draws span the batch). (B, P + gen_length). stop_ids, stats: the block samplers' early
+    exit, unless options.early_exit is False (stop_ids None: off)."""
     o = options or SamplerOptions()
+    if o.sampler == "dream" and o.early_exit:
+        raise ValueError("sample.py: early_exit with sampler 'dream': Dream's diffusion_generate has no blocks, so no "
+                         "part of an answer is final before the last step; use the block sampler, or drop early_exit")
+    stop_ids = None if o.early_exit is False else stop_ids
     if o.sampler == "dream":
         return diffusion_generate(model, prompt, attention_mask, max_new_tokens=o.gen_length, steps=o.steps,
                                   eps=o.eps, alg=o.alg, alg_temp=o.alg_temp, temperature=o.temperature,
                                   top_p=o.top_p, top_k=o.top_k, generator=generator)
     if not o.exact:
-        return generate_cached(model, prompt, attention_mask, o, generator)
+        return generate_cached(model, prompt, attention_mask, o, generator, stop_ids=stop_ids, stats=stats)
     return generate(model, prompt, attention_mask=attention_mask, steps=o.steps, gen_length=o.gen_length,
                     block_length=o.block_length, temperature=o.temperature, cfg_scale=o.cfg_scale,
-                    remasking=o.remasking, generator=generator)
+                    remasking=o.remasking, generator=generator, stop_ids=stop_ids, stats=stats)
 
 
 # -----------------------------------------------------------------------------
@@ -726,10 +820,11 @@ def check_sampler_options(o, source=None):
 
     check_block_arguments(said, o.gen_length, o.steps, o.block_length, o.temperature, o.cfg_scale, o.remasking,
                           schedule=o.sampler == "block")  # Dream's own sampler has no blocks
-    kinds = {"int": (numbers.Integral, "an integer"), "float": (numbers.Real, "a number"), "str": (str, "a string")}
+    kinds = {"int": (numbers.Integral, "an integer"), "float": (numbers.Real, "a number"), "str": (str, "a string"),
+             "bool": (bool, "true or false")}
     for f in (f for f in fields(o) if f.name not in BLOCK_ARGUMENTS):
         value, (kind, what) = getattr(o, f.name), kinds[getattr(f.type, "__name__", f.type)]
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool) != (kind is bool)):
             raise ValueError(f"{said(f.name)}: expected {what}")
     for key, choices in dict(sampler=SAMPLERS, cache=CACHES, alg=DREAM_ALGS).items():
         if getattr(o, key) not in choices:
@@ -819,10 +914,15 @@ def folder_defaults(folder):
 # Command line: chat with or complete from a checkpoint
 
 
+def stop_ids(tokenizer):
+    """The ids that end an answer: the turn end (<|eot_id|>, ChatML's <|im_end|>) and <|endoftext|> (answers end in a
+    turn end, then EOS pads), those the tokenizer has."""
+    return sorted({tokenizer.token_to_id(t) for t in (EOT, IM_END, EOS)} - {None})
+
+
 def decode_until_stop(tokenizer, ids):
-    """Text of the generated ids up to the first turn end (<|eot_id|>, ChatML's <|im_end|>) or <|endoftext|> (answers
-    end in a turn end, then EOS pads)."""
-    stops = {tokenizer.token_to_id(t) for t in (EOT, IM_END, EOS)} - {None}
+    """Text of the generated ids up to the first stop_ids token: the answer, as sample.py and GiftLM read it."""
+    stops = set(stop_ids(tokenizer))
     end = next((i for i, t in enumerate(ids) if t in stops), len(ids))
     return tokenizer.decode(ids[:end], skip_special_tokens=False)
 
@@ -918,7 +1018,7 @@ def main(argv=None):
         ids = encode_text(tokenizer, text)  # the chat text carries its own special tokens; nothing is added
         check_context(len(ids), options.gen_length, model.config.max_sequence_length)
         prompt = torch.tensor([ids], dtype=torch.long, device=args.device)  # (1, P)
-        out = generate_with_options(model, prompt, None, options, generator)  # (1, P + gen_length)
+        out = generate_with_options(model, prompt, None, options, generator, stop_ids(tokenizer))  # (1, P + gen)
         return decode_until_stop(tokenizer, out[0, len(ids):].tolist())
 
     if args.prompt is not None:

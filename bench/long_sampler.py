@@ -76,8 +76,13 @@ GPU_PROMPT = 64
 # The table on the toy model (CPU)
 
 
+EXIT = " + exit"  # a row's name with the sampler's early exit (--early-exit), beside the row without it
+
+
 def options(name, gen_length):
-    return SamplerOptions(gen_length=gen_length, steps=gen_length // 2, block_length=BLOCK, **dict(SETTINGS)[name])
+    setting = dict(SETTINGS)[name.removesuffix(EXIT)]
+    return SamplerOptions(gen_length=gen_length, steps=gen_length // 2, block_length=BLOCK,
+                          early_exit=name.endswith(EXIT), **setting)
 
 
 def pareto(rows):
@@ -97,32 +102,36 @@ def paired_diff(records, exact):
 
 
 def run_length(model, tokenizer, gen_length, heldout, names, batch):
-    rows, exact = [], None
+    rows, exact, texts = [], None, {}
     for name in names:
         o = options(name, gen_length)
         t0 = time.process_time()
         records = longform.evaluate(model, tokenizer, heldout, o, batch)
         seconds = time.process_time() - t0
         exact = exact or dict(records=records, seconds=seconds)
+        texts[name] = [r["generation"] for r in records]  # the graded text: the same with the early exit as without
+        same = texts[name] == texts.get(name.removesuffix(EXIT)) if name.endswith(EXIT) else None
         acc, half, whole = longform.accuracy(records)
         d, d_half = paired_diff(records, exact["records"])
         rows.append(dict(length=gen_length, setting=name, items=len(records), seconds=seconds,
                          tps=len(records) * gen_length / seconds, speedup=exact["seconds"] / seconds, acc=acc,
-                         acc_half=half, whole=whole, diff=d, diff_half=d_half))
+                         acc_half=half, whole=whole, diff=d, diff_half=d_half, same_text=same))
         r = rows[-1]
         print(f"{gen_length:6} {name:34} {r['tps']:8.0f} {r['speedup']:7.2f} {acc:6.1f} +- {half:4.1f} "
-              f"{d:+6.1f} +- {d_half:4.1f} {whole:6.1f}", flush=True)
+              f"{d:+6.1f} +- {d_half:4.1f} {whole:6.1f}" + ("" if same is None else f"  same text: {same}"), flush=True)
     pareto(rows)
     return rows
 
 
 def markdown(rows, header):
     lines = [header, "", "| length | setting | items | tokens/s | x exact | lines right % (95%) | d vs exact (95%) | "
-             "answers right % | front |", "| ---: | --- | ---: | ---: | ---: | --- | --- | ---: | :---: |"]
+             "answers right % | front | text = without exit |",
+             "| ---: | --- | ---: | ---: | ---: | --- | --- | ---: | :---: | :---: |"]
     for r in rows:
         lines.append(f"| {r['length']} | {r['setting']} | {r['items']} | {r['tps']:.0f} | {r['speedup']:.2f} | "
                      f"{r['acc']:.1f} +- {r['acc_half']:.1f} | {r['diff']:+.1f} +- {r['diff_half']:.1f} | "
-                     f"{r['whole']:.1f} | {'*' if r['front'] else ''} |")
+                     f"{r['whole']:.1f} | {'*' if r['front'] else ''} | "
+                     f"{'' if r.get('same_text') is None else 'yes' if r['same_text'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -137,6 +146,7 @@ def run_table(a):
         counts = {n: SMOKE["items"] for n in lengths}
     else:
         lengths, names = a.lengths, ["exact"] + [n for n, _ in SETTINGS if n in a.settings and n != "exact"]
+        names = [m for n in names for m in ((n, n + EXIT) if a.early_exit else (n,))]
         counts = {n: a.items or ITEMS.get(n, 25) for n in lengths}
     heldout = longform.items("heldout")
     which = a.model or "each length's model (longform.MODELS)" if not a.smoke else "a random tiny model (--smoke)"
@@ -256,6 +266,8 @@ def parse_args(argv=None):
     p.add_argument("--settings", default=None, help="the rows to run, names joined by ';' (default: all; exact "
                                                    "always runs first, the speed-ups' reference)")
     p.add_argument("--tag", default="cpu", help="the results' file name: long_sampler-<tag>.md / .json")
+    p.add_argument("--early-exit", action="store_true", help="each row also with the sampler's early exit (the row "
+                   "'<setting> + exit' after it: a row stops once a finished block holds its turn end)")
     p.add_argument("--gpu", action="store_true", help="LLaDA-8B widths with random weights on one GPU: tokens/s")
     p.add_argument("--gpu-blocks", type=int, default=2, help="--gpu: blocks timed per generation")
     a = p.parse_args(argv)

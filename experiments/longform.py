@@ -48,7 +48,7 @@ import gift  # noqa: E402
 import longjob  # noqa: E402
 from data import CHAR_VOCAB, chat_format, chat_prompt, encode, make_char_tokenizer, tiny_config_for  # noqa: E402
 from model import LLaDA  # noqa: E402
-from sample import SamplerOptions, decode_until_stop, generate_with_options  # noqa: E402
+from sample import SamplerOptions, decode_until_stop, generate_with_options, stop_ids  # noqa: E402
 
 VOCAB = CHAR_VOCAB + "+=,"  # the char vocabulary plus "+=" (the warm-up trace, below) and ","
 QUESTION = "rotate {s}, {n} lines"
@@ -146,7 +146,7 @@ def evaluate(model, tokenizer, heldout, options, batch_size=32):
     for start in range(0, len(heldout), batch_size):
         chunk = heldout[start:start + batch_size]
         prompt = torch.tensor([prompt_ids(tokenizer, it) for it in chunk], device=model.head.weight.device)  # (B, P)
-        x = generate_with_options(model, prompt, options=options)  # (B, P + gen_length)
+        x = generate_with_options(model, prompt, options=options, stop_ids=stop_ids(tokenizer))  # (B, P + gen)
         for it, ids in zip(chunk, x[:, prompt.shape[1]:].tolist()):
             text = decode_until_stop(tokenizer, ids)
             right, n, exact = grade(text, it["s"], it["n"])

@@ -236,3 +236,10 @@ def test_sampler_flops_count_the_head_rows_generate_computes():
     assert ref0 == ours0  # without a head both do the same work
     assert (ours - ours0) == 2 * 64 * 32 * sum(rows)  # ours: the head on exactly the rows generate() computes
     assert (ref - ref0) == 2 * 64 * 32 * steps * B * (P + G)  # the reference: every position, every step
+
+
+def test_early_exit_smoke(tmp_path, capsys):
+    """bench/early_exit.py --smoke: every setting with and without the early exit, the same graded text."""
+    rows = bench_module("early_exit").main(["--smoke", "--out-dir", str(tmp_path)])
+    assert len(rows) == 10 and all(r["same_text"] for r in rows[1::2])
+    assert (tmp_path / "early_exit-smoke.md").is_file() and "x exact" in capsys.readouterr().out
