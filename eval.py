@@ -941,9 +941,13 @@ def main(argv=None):
 # loglikelihood: LLaDA's Monte Carlo estimate of its likelihood bound (Nie et al. 2025, arXiv 2502.09992; the official
 #   evaluation/eval_llada.py). For a continuation y of L tokens after the context x:
 #       ELBO = E_{l ~ U{1..L}} E_{M ~ U(l-subsets of y)} [ (L / l) sum_{i in M} log p(y_i | x, y with M masked) ]
-#   one draw = one forward pass, `batch_size` draws per pass; the l of the mc_num draws stratified over 1..L, each
-#   draw's mask its own whatever the batch size; the context is never masked. Dream reads token i's prediction at
-#   position i - 1. A lower bound on log p(y | x).
+#   one draw = one row of a forward pass, the draws of consecutive requests sharing passes of `batch_size` rows (right-
+#   padded), each request's from its own generator: no draw depends on its neighbours. The l of the mc_num draws are
+#   stratified over 1..L; the context is never masked; Dream reads token i at position i - 1. ELBO <= log p(y | x).
+# paired (--paired-draws; common random numbers): a question's choices (one context) draw from one generator seeded by
+#   the context alone: equal lengths share their l and masks, so the noise of their difference cancels; other lengths
+#   share k = floor(u L) + 1 (one u: the same fractions l / L) and keys drawn per position (the l lowest are masked).
+#   Each l stays uniform on 1..L (to 2^-53), each mask uniform given l: each choice's estimate stays unbiased.
 
 @dataclass
 class HarnessOptions:
@@ -956,6 +960,8 @@ class HarnessOptions:
     mc_num: int = 128  # likelihood draws per request
     seed: int = 0  # of the likelihood draws and of sampling
     check_greedy: bool = True  # False: is_greedy is always False, without its L extra passes
+    paired: bool = False  # the choices of a question (one context) share their likelihood draws (paired, above)
+    add_bos_token: bool = False  # every context starts with the family's BOS token (Dream's evaluation sets it)
 
     def __post_init__(self):  # lm-eval's --model_args arrive typed by guess: "maybe", "1.5", "cuda:0" on any machine
         if not all(type(n) is int and n >= 1 for n in (self.batch_size, self.mc_num)):
@@ -965,8 +971,9 @@ class HarnessOptions:
             raise ValueError(f"GiftLM: seed {self.seed!r}: must be {SEED_RULE}")
         if self.dtype not in DTYPES + ("float64",):
             raise ValueError(f"GiftLM: dtype {self.dtype!r}: must be one of {', '.join(DTYPES)}, float64")
-        if type(self.check_greedy) is not bool:
-            raise ValueError(f"GiftLM: check_greedy {self.check_greedy!r}: must be true or false")
+        for name in ("check_greedy", "paired", "add_bos_token"):
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"GiftLM: {name} {getattr(self, name)!r}: must be true or false")
         if not all(isinstance(v, str) for v in (self.model, self.adapter or "", self.device or "")):
             raise ValueError(f"GiftLM: model {self.model!r}, adapter {self.adapter!r}, device {self.device!r}: must be "
                              "strings (folders, a device name)")
@@ -979,50 +986,67 @@ class HarnessOptions:
                              f"{torch.cuda.device_count()} CUDA devices); e.g. cpu or cuda:0")
 
 
-def stratified_mask_counts(L, b, generator):
+def stratified_mask_counts(L, b, generator, paired=False):
     """How many of the L continuation tokens each of b draws masks: l_j = ((k - 1 + round(j L / b)) mod L) + 1,
     j = 0 .. b - 1, k ~ U{1..L} (eval_llada.py's stratified draws: the b counts spread evenly over 1..L). The offsets
     are rounded apart from k, so each l_j is exactly uniform on 1..L (eval_llada.py rounds k + j L / b with torch.round,
-    whose half-to-even ties make l_j depend on k's parity). (b,) long, on the CPU."""
-    k = int(torch.randint(1, L + 1, (), generator=generator))
+    whose half-to-even ties make l_j depend on k's parity). paired: k = floor(r L / 2^53) + 1, r ~ U{0..2^53 - 1}, the
+    same r for any L (paired, above). (b,) long, on the CPU."""
+    k = ((int(torch.randint(2 ** 53, (), generator=generator)) * L >> 53) + 1 if paired
+         else int(torch.randint(1, L + 1, (), generator=generator)))
     offsets = (2 * torch.arange(b) * L + b) // (2 * b)  # round(j L / b), halves up, in integers
     return (k - 1 + offsets) % L + 1
 
 
-def continuation_masks(L, counts, generator):
-    """For each count l, a uniformly random set of l of the L positions: (b, L) bool, row j with counts[j] True."""
-    order = torch.rand(len(counts), L, generator=generator).argsort(dim=1)  # a random permutation per row
+def continuation_masks(L, counts, generator, paired=False):
+    """For each count l, a uniformly random set of l of the L positions: (b, L) bool, row j with counts[j] True. The
+    keys are drawn row by row, or paired position by position (position i's b keys the same for any L > i)."""
+    b = len(counts)
+    keys = torch.rand(L, b, generator=generator).T if paired else torch.rand(b, L, generator=generator)  # (b, L)
+    order = keys.argsort(dim=1)  # a random permutation per row
     first = torch.arange(L)[None, :] < counts[:, None]  # (b, L): the permutation's first l entries are masked
-    return torch.zeros(len(counts), L, dtype=torch.bool).scatter(1, order, first)
+    return torch.zeros(b, L, dtype=torch.bool).scatter(1, order, first)
+
+
+def elbo_rows(context, continuation, mc_num, generator, paired=False):
+    """One request's mc_num draws (the estimator above) as rows for elbo_passes: (x0 (P + L,) token ids, masked
+    (P + L,) bool, never the context, L / l), the context non-empty (Dream reads the first continuation token at its
+    last position). The counts first, then the masks (torch.rand reads the generator in order): a rerun and any device
+    give the same."""
+    P, L = len(context), len(continuation)
+    if P < 1 or L < 1:
+        raise ValueError(f"elbo_rows: a context of {P} and a continuation of {L} tokens; each needs at least one")
+    counts, x0 = stratified_mask_counts(L, mc_num, generator, paired), torch.tensor(list(context) + list(continuation))
+    masked = torch.cat([torch.zeros(mc_num, P, dtype=torch.bool), continuation_masks(L, counts, generator, paired)], 1)
+    return [(x0, m, L / l) for m, l in zip(masked, counts.tolist())]
 
 
 @torch.no_grad()
-def elbo_draws(model, context, continuation, mc_num, batch_size, generator):
-    """mc_num unbiased draws of the continuation's ELBO (the estimator above), float64 (mc_num,), batch_size per
-    forward pass. context, continuation: token ids (context non-empty: Dream's first continuation token is read at the
-    last context position). Draws come from `generator` (CPU): the mc_num counts first, then the masks draw after draw
-    (torch.rand reads the generator in order), so a rerun, any device and any batch_size give the same draws."""
-    device, mask_id = next(model.parameters()).device, model.config.mask_token_id
-    P, L = len(context), len(continuation)
-    if P < 1 or L < 1:
-        raise ValueError(f"elbo_draws: a context of {P} and a continuation of {L} tokens; each needs at least one")
-    x0 = torch.tensor(list(context) + list(continuation), device=device)  # (P + L,)
-    y = x0[P:]
-    all_counts, draws = stratified_mask_counts(L, mc_num, generator), []  # (mc_num,)
-    for start in range(0, mc_num, batch_size):
-        counts = all_counts[start:start + batch_size]  # (b,)
-        b, masked = len(counts), continuation_masks(L, counts, generator).to(device)  # (b, L): the next b draws
-        x = x0.repeat(b, 1)
-        x[:, P:] = torch.where(masked, mask_id, y)  # the context is never masked
-        hidden = model(x, return_hidden=True)  # (b, P + L, D)
-        hidden = (shift_right(hidden) if model.predicts_shifted else hidden)[:, P:]  # (b, L, D): predicting y
-        rows, cols = masked.nonzero(as_tuple=True)  # the N masked tokens: the only logits the estimate reads
-        logits = model.head(hidden[rows, cols])  # (N, V)
+def elbo_passes(model, rows, batch_size):
+    """The draw of each row (x0, masked, L / l) of `rows` (any requests' in turn), float64, yielded in order:
+    batch_size rows per forward pass, right-padded to its longest (the padding hidden by the attention mask, the
+    positions unchanged), so a draw is the same beside any others, up to rounding."""
+    device, mask_id, rows = next(model.parameters()).device, model.config.mask_token_id, iter(rows)
+    while batch := list(itertools.islice(rows, batch_size)):
+        x0, masked = (torch.nn.utils.rnn.pad_sequence([r[i] for r in batch], batch_first=True).to(device)
+                      for i in (0, 1))  # (b, T): padded with token 0, never masked
+        lengths = torch.tensor([len(r[0]) for r in batch])
+        real = (torch.arange(x0.shape[1])[None, :] < lengths[:, None]).to(device)  # (b, T): False = padding
+        hidden = model(torch.where(masked, mask_id, x0), attention_mask=real, return_hidden=True)  # (b, T, D)
+        hidden = shift_right(hidden) if model.predicts_shifted else hidden  # position i: predicting token i
+        rows_, cols = masked.nonzero(as_tuple=True)  # the N masked tokens: the only logits the estimate reads
+        logits = model.head(hidden[rows_, cols])  # (N, V)
         logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-        logp_y = logp.gather(-1, y[cols][:, None])[:, 0].double()  # (N,)
-        sums = torch.zeros(b, dtype=torch.float64, device=device).index_add_(0, rows, logp_y)  # (b,)
-        draws.append(L / counts.to(device).double() * sums)
-    return torch.cat(draws)
+        logp_y = logp.gather(-1, x0[rows_, cols][:, None])[:, 0].double()  # (N,)
+        sums = torch.zeros(len(batch), dtype=torch.float64, device=device).index_add_(0, rows_, logp_y)  # (b,)
+        yield from (torch.tensor([r[2] for r in batch], dtype=torch.float64, device=device) * sums).tolist()
+
+
+def elbo_draws(model, context, continuation, mc_num, batch_size, generator, paired=False):
+    """mc_num unbiased draws of the continuation's ELBO (the estimator above), float64 (mc_num,): one request's
+    elbo_rows through elbo_passes."""
+    rows = elbo_rows(context, continuation, mc_num, generator, paired)
+    return torch.tensor(list(elbo_passes(model, rows, batch_size)), dtype=torch.float64)
 
 
 def greedy_continuation(model, context, L):
@@ -1049,19 +1073,67 @@ def cut_at_stops(text, until):
 
 PROGRESS_SECONDS = 10  # GiftLM's likelihood requests: rank 0 says how far it is at most this often
 
+# The model_args of LLaDA's evaluation/eval_llada.py, Dream's eval/eval.py and dllm's harnesses, so that their published
+# lm-eval commands run with --model gift (docs/harness.md: each name, its meaning there, and the commands).
+THEIR_NAMES = {"model_path": "model", "pretrained": "model", "is_check_greedy": "check_greedy",  # theirs: ours
+               "max_new_tokens": "gen_length", "diffusion_steps": "steps", "block_size": "block_length"}
+THEIR_FIXED = {  # their name: (the values that are what GiftLM does anyway, why another is refused)
+    "cfg": ((0,), "LLaDA's cfg also guides its likelihood estimate, GiftLM's has no guidance (cfg_scale: sampling)"),
+    "classifier_free_guidance": ((1,), "Dream's guidance of its likelihood estimate (1 = none); GiftLM's has none"),
+    "nll_type": (("mc",), "GiftLM's likelihood is the Monte Carlo ELBO, Dream's 'mc' (not its autoregressive ones)"),
+    "log_type": (("ftb",), "GiftLM scores the continuation given the context, Dream's 'ftb'"),
+    "sampling_eps": ((0,), "GiftLM's ELBO estimate masks l of the L tokens, l uniform: no floor on the masking rate"),
+    "escape_until": ((False,), "GiftLM cuts each answer at the task's stop strings"),
+    "suppress_tokens": (([], "[]"), "GiftLM's samplers suppress no token"),
+    "begin_suppress_tokens": (([], "[]"), "GiftLM's samplers suppress no token"),
+}
+
+
+def their_model_args(model_args):
+    """GiftLM's model_args from ones in LLaDA's, Dream's or dllm's names too, checked against config.json before the
+    model loads (a ValueError naming the argument); on Dream, Dream's lengths also pick its sampler as it evaluates."""
+    args = {k: v for k, v in model_args.items() if k not in THEIR_NAMES}
+    for theirs, ours in THEIR_NAMES.items():
+        if theirs in model_args:
+            if ours in args:
+                raise ValueError(f"GiftLM: {theirs} is GiftLM's {ours}, given twice; give it once")
+            args[ours] = model_args[theirs]
+    for name, (honoured, why) in THEIR_FIXED.items():
+        if name in args and args.pop(name) not in honoured:
+            raise ValueError(f"GiftLM: {name}={model_args[name]!r}: {why}")
+    if isinstance(args.get("batch_size"), str) and args["batch_size"].isdigit():  # lm-eval's --batch_size 8: a string
+        args["batch_size"] = int(args["batch_size"])
+    if not isinstance(args.get("model"), str):
+        raise ValueError(f"GiftLM: model {args.get('model')!r}: give a model folder (model, model_path or pretrained)")
+    config = LLaDAConfig.from_json(find_model(args["model"])[0] / "config.json")
+    if args.pop("mask_id", config.mask_token_id) != config.mask_token_id:
+        raise ValueError(f"GiftLM: mask_id={model_args['mask_id']!r}: the model's mask token is {config.mask_token_id}")
+    n = args.setdefault("max_length", config.max_sequence_length)  # the context a request is cut to, as theirs
+    if type(n) is not int or not 1 < n <= config.max_sequence_length:
+        raise ValueError(f"GiftLM: max_length={n!r}: the model reads 2 to {config.max_sequence_length} tokens")
+    if config.predicts_shifted and {"max_new_tokens", "diffusion_steps"} & set(model_args) and "sampler" not in args:
+        args = {"sampler": "dream", "alg": "entropy"} | args
+    return args
+
+
+DREAM_BOS = "<|beginoftext|>"  # Dream's (Qwen2.5's) BOS: its evaluation's add_bos_token puts it before each context
+
 
 class GiftLM(LM):
-    """A model folder of this repo for lm-evaluation-harness; model_args: HarnessOptions' and SamplerOptions' fields."""
+    """A model folder of this repo for lm-evaluation-harness; model_args: HarnessOptions' and SamplerOptions' fields,
+    and LLaDA's, Dream's and dllm's names (their_model_args)."""
 
-    def __init__(self, model, **model_args):
+    def __init__(self, model=None, **model_args):
         super().__init__()
         model_args.pop("max_batch_size", None)  # lm-eval's, for a batch_size "auto", which GiftLM does not take
+        model_args = their_model_args(model_args | ({"model": model} if model is not None else {}))
+        max_length = model_args.pop("max_length")
         own, names = [f.name for f in fields(HarnessOptions)], [f.name for f in fields(SamplerOptions)]
         unknown = sorted(set(model_args) - set(own) - set(names))
         if unknown:
             raise ValueError(f"GiftLM: unknown model_args {', '.join(unknown)}; GiftLM takes {', '.join(own)} and "
-                             f"{', '.join(names)}")
-        opts = HarnessOptions(model, **{k: v for k, v in model_args.items() if k in own})
+                             f"{', '.join(names)} (and LLaDA's, Dream's and dllm's names: docs/harness.md)")
+        opts = HarnessOptions(**{k: v for k, v in model_args.items() if k in own})
         self.folder, found = find_model(opts.model)
         self.adapter = opts.adapter or found
         check_adapter(self.folder, self.adapter)
@@ -1070,6 +1142,10 @@ class GiftLM(LM):
         check_sampler_choice(given, self.options, self.folder)
         self.tokenizer = load_tokenizer(self.folder)
         check_chat_tokens(self.tokenizer, self.folder)  # as eval.py's: the chat format's tokens, before the weights
+        bos_text = DREAM_BOS if chat_format(self.tokenizer) == "chatml" else BOS
+        self.bos = [self.tokenizer.token_to_id(bos_text)] if opts.add_bos_token else []  # before every context
+        if None in self.bos:
+            raise ValueError(f"GiftLM: add_bos_token=True: the tokenizer of {self.folder} has no {bos_text}")
         self._rank, self._world_size, where = setup_distributed()  # torchrun's ranks: each gets a slice
         self._device = torch.device(opts.device) if opts.device and self._world_size == 1 else where
         self.model = load_weights(self.folder, self.adapter, compute_dtype(opts.dtype, self._device), self._device,
@@ -1077,9 +1153,12 @@ class GiftLM(LM):
         check_mask_token(self.tokenizer, self.model.config)
         self.fmt = chat_format(self.tokenizer)
         self.batch_size, self.mc_num, self.seed = opts.batch_size, opts.mc_num, opts.seed
-        self.check_greedy, self.max_length = opts.check_greedy, self.model.config.max_sequence_length
+        self.check_greedy, self.max_length = opts.check_greedy, max_length  # the model's, or a shorter max_length
+        self.paired = opts.paired
         bos = self.tokenizer.token_to_id(BOS)  # an empty context is this one token; EOS for ChatML (Dream's)
         self.prefix_id = self.model.config.eos_token_id if bos is None or self.fmt == "chatml" else bos
+        if self.bos:  # add_bos_token: an empty context is the BOS too
+            self.prefix_id = self.bos[0]
 
     # --- what the harness asks of a model ---
 
@@ -1135,34 +1214,43 @@ class GiftLM(LM):
         if not cont or len(cont) >= self.max_length:
             raise ValueError(f"GiftLM: task {request.task_name!r}: a continuation of {len(cont)} tokens (the "
                              f"model reads 1 to {self.max_length - 1})")
-        return (ctx or [self.prefix_id])[-(self.max_length - len(cont)):], cont
+        return (self.bos + ctx or [self.prefix_id])[-(self.max_length - len(cont)):], cont
 
-    def _elbo(self, context, continuation):
-        """The mean of mc_num draws, seeded by the seed and token ids: the same masks in any order, batch or rank."""
-        digest = hashlib.sha256(json.dumps([self.seed, context, continuation]).encode()).digest()
-        g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-        return elbo_draws(self.model, context, continuation, self.mc_num, self.batch_size, g).mean().item()
+    def _elbos(self, pairs, paired=False):
+        """The ELBO estimate (the mean of mc_num draws) of each (context, continuation) in turn, consecutive ones
+        sharing forward passes; seeded by the seed and token ids (paired: the context's alone, so a question's choices
+        share their draws), so the same in any order, batch or rank."""
+        def rows(context, continuation):
+            key = [self.seed, context] if paired else [self.seed, context, continuation]
+            digest = hashlib.sha256(json.dumps(key).encode()).digest()
+            g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+            return elbo_rows(context, continuation, self.mc_num, g, paired)
+        draws = elbo_passes(self.model, (row for pair in pairs for row in rows(*pair)), self.batch_size)
+        for _ in pairs:
+            yield torch.tensor(list(itertools.islice(draws, self.mc_num)), dtype=torch.float64).mean().item()
 
     def loglikelihood(self, requests):
         """(ELBO estimate of log p(continuation | context), is_greedy) per request."""
-        out = []
-        for request in self._with_progress(requests, "loglikelihood"):
-            ctx, cont = self._context_and_continuation(*self._args(request, 2, "loglikelihood"), request)
-            out.append((self._elbo(ctx, cont),
-                        bool(self.check_greedy) and greedy_continuation(self.model, ctx, len(cont)) == cont))
+        pairs = [self._context_and_continuation(*self._args(r, 2, "loglikelihood"), r) for r in requests]
+        out, elbos = [], self._elbos(pairs, self.paired)
+        for request, (ctx, cont), elbo in zip(self._with_progress(requests, "loglikelihood"), pairs, elbos):
+            out.append((elbo, bool(self.check_greedy) and greedy_continuation(self.model, ctx, len(cont)) == cont))
             self.cache_hook.add_partial("loglikelihood", request.args, out[-1])
         return out
 
     def loglikelihood_rolling(self, requests):
         """The ELBO of the whole text after the prefix token; a text longer than the context in windows of
         max_length / 2 tokens, each after the max_length / 2 before it (a sum of conditional ELBOs, a lower bound)."""
-        out = []
-        for request in self._with_progress(requests, "loglikelihood_rolling"):
+        windows = []
+        for request in requests:
             (text,) = self._args(request, 1, "loglikelihood_rolling")
             ids = [self.prefix_id] + (self._encode(text, request) if text else [])
             window = self.max_length - 1 if len(ids) <= self.max_length else self.max_length // 2
-            out.append(sum(self._elbo(ids[max(0, s - (self.max_length - window)):s], ids[s:s + window])
-                           for s in range(1, len(ids), window)))
+            windows.append([(ids[max(0, s - (self.max_length - window)):s], ids[s:s + window])
+                            for s in range(1, len(ids), window)])
+        out, elbos = [], self._elbos([pair for ws in windows for pair in ws])  # never paired: one text each
+        for request, ws in zip(self._with_progress(requests, "loglikelihood_rolling"), windows):
+            out.append(sum(next(elbos) for _ in ws))
             self.cache_hook.add_partial("loglikelihood_rolling", request.args, out[-1])
         return out
 
@@ -1198,7 +1286,7 @@ class GiftLM(LM):
             noise.append((request.doc_id or 0) + seen.get(key, 0) * 2 ** 32)  # a repeat (same doc) draws anew
             seen[key] = seen.get(key, 0) + 1
             context, kwargs = self._args(request, 2, "generate_until")
-            prompts.append(self._encode(context, request) or [self.prefix_id])
+            prompts.append(self.bos + self._encode(context, request) or [self.prefix_id])
             gen_length = self._generation_options(kwargs, request.task_name).gen_length
             if len(prompts[-1]) + gen_length > self.max_length:
                 raise ValueError(f"GiftLM: task {request.task_name!r}: a prompt of {len(prompts[-1])} tokens + "
@@ -1304,6 +1392,8 @@ def harness_main(argv=None):
     p.add_argument("--mc-num", type=int, default=128, help="Monte Carlo draws (forward passes) per likelihood")
     p.add_argument("--no-check-greedy", action="store_true",
                    help="is_greedy always False (saves the L greedy passes of each likelihood request)")
+    p.add_argument("--paired-draws", action="store_true", help="the choices of a question share their likelihood "
+                   "draws (the same l and masks): less noise between choices, each estimate still unbiased")
     p.add_argument("--seed", type=int, default=0, help="seed of the likelihood draws and of sampling")
     p.add_argument("--batch-size", type=int, default=8,
                    help="prompts per generate call; likelihood draws per forward pass")
@@ -1326,7 +1416,8 @@ def harness_main(argv=None):
         p.error(str(e))
     sampler = {f.name: getattr(args, f.name) for f in fields(SamplerOptions) if getattr(args, f.name) is not None}
     lm = GiftLM(model=args.model, adapter=args.adapter, dtype=args.dtype, batch_size=args.batch_size,
-                mc_num=args.mc_num, seed=args.seed, check_greedy=not args.no_check_greedy, **sampler)
+                mc_num=args.mc_num, seed=args.seed, check_greedy=not args.no_check_greedy, paired=args.paired_draws,
+                **sampler)
     limit = int(args.limit) if args.limit and args.limit >= 1 else args.limit
     results = lm_eval.simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=limit,
                                       apply_chat_template=args.apply_chat_template, log_samples=False,
