@@ -883,7 +883,7 @@ def evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch
         if records is not None:  # rank 0
             print(f"seed {seed}: accuracy {acc:.2f}% ({run.tokens['generated']} answer tokens generated, "
                   f"{run.tokens['skipped']} skipped: the early exit)", flush=True)
-            runs.append(dict(seed=seed, accuracy=acc, tokens=run.tokens,
+            runs.append(dict(seed=seed, accuracy=acc,  # the token counts are this invocation's: printed only
                              records=[{k: v for k, v in r.items() if k != "settings"} for r in records]))
     return runs
 
