@@ -1155,10 +1155,9 @@ class GiftLM(LM):
         self.batch_size, self.mc_num, self.seed = opts.batch_size, opts.mc_num, opts.seed
         self.check_greedy, self.max_length = opts.check_greedy, max_length  # the model's, or a shorter max_length
         self.paired = opts.paired
-        bos = self.tokenizer.token_to_id(BOS)  # an empty context is this one token; EOS for ChatML (Dream's)
-        self.prefix_id = self.model.config.eos_token_id if bos is None or self.fmt == "chatml" else bos
-        if self.bos:  # add_bos_token: an empty context is the BOS too
-            self.prefix_id = self.bos[0]
+        bos = self.tokenizer.token_to_id(BOS)  # an empty context is this one token (add_bos_token: the family's BOS)
+        eos = self.model.config.eos_token_id  # ChatML's (Dream's) empty context
+        self.prefix_id = (self.bos or [eos if bos is None or self.fmt == "chatml" else bos])[0]
 
     # --- what the harness asks of a model ---
 

@@ -231,8 +231,8 @@ def early_exit(x, live, start, end, stop_ids, mask_id, stats, left):
 
 
 def take_rows(rows, *values):
-    """The rows `rows` (k,) of each value: a tensor (B, ...), a list of B per-row generators or lengths; None and one
-    generator (whose draws span the batch) as they are."""
+    """The rows `rows` (k,) of each value: a tensor (B, ...) or a list of B per-row generators; None and one generator
+    (whose draws span the batch) as they are."""
     return [v if v is None or isinstance(v, torch.Generator) else v[rows] if torch.is_tensor(v) else
             [v[r] for r in rows.tolist()] for v in values]
 
@@ -313,7 +313,6 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
     stop_ids = check_stop_ids(stop_ids, generator, len(prompt), temperature > 0 or remasking == "random",
                               "sample.py generate", prompt.device)
     x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
-    lengths = None if attention_mask is None else attention_mask.sum(1).tolist()  # each row's own tokens, pads not
     prompt_index = x != mask_id  # what CFG masks: every non-mask token at the start, left pads included
     positions = torch.arange(x.shape[1], device=x.device)  # (L,)
 
@@ -327,8 +326,8 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
                                     (num_blocks - num_block) * block_length)]
             if not len(live):
                 break
-        x, mask_b, prompt_index_b, generator_b, lengths_b = take_rows(  # the live rows: (B, L) ...
-            live, out, attention_mask, prompt_index, generator, lengths)
+        x, mask_b, prompt_index_b, generator_b = take_rows(live, out, attention_mask, prompt_index, generator)  # live
+        lengths_b = None if mask_b is None else mask_b.sum(1).tolist()  # each row's own tokens, its pads not
         block_mask_index = x[:, block_end - block_length:block_end] == mask_id  # (B, block_length)
         num_transfer_tokens = get_num_transfer_tokens(block_mask_index, steps)  # (B, steps)
         for i in range(steps):
@@ -529,7 +528,6 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
                               "sample.py generate_cached", prompt.device)
     mask_id = unwrap(model).config.mask_token_id if mask_id is None else mask_id
     x, attention_mask = append_masks(prompt, attention_mask, o.gen_length, mask_id)  # (B, L), (B, L) or None
-    lengths = None if attention_mask is None else attention_mask.sum(1).tolist()  # as generate()
     prompt_index = x != mask_id
     B, L = x.shape
     positions = torch.arange(L, device=x.device)
@@ -551,8 +549,8 @@ def generate_cached(model, prompt, attention_mask=None, options=None, generator=
                 keep = (~done).nonzero().squeeze(1)
                 keep = torch.cat([keep, keep + len(done)]) if o.cfg_scale > 0 else keep  # CFG's rows: [cond; uncond]
                 kv_cache = [[(k[keep], v[keep]) for k, v in layer] for layer in kv_cache]
-        x, mask_b, prompt_index_b, generator_b, lengths_b = take_rows(  # the live rows: (B, L) ...
-            live, out, attention_mask, prompt_index, generator, lengths)
+        x, mask_b, prompt_index_b, generator_b = take_rows(live, out, attention_mask, prompt_index, generator)  # live
+        lengths_b = None if mask_b is None else mask_b.sum(1).tolist()  # each row's own tokens, its pads not
         B = len(x)
         num_transfer_tokens = get_num_transfer_tokens(x[:, block_start:block_end] == mask_id, steps)  # (B, steps)
         # without a cache, generate()'s eligible positions; a cached step sees the current block only

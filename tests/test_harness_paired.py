@@ -12,24 +12,14 @@ import torch
 pytest.importorskip("lm_eval", reason="lm-evaluation-harness is optional: pip install -r requirements-extras.txt")
 
 from conftest import REPO  # noqa: E402
-from test_harness import TASKS, exact_elbo, requests_of, tiny_folder  # noqa: E402  (it sets the offline variables)
+from test_harness import TASKS, exact_elbo, requests_of  # noqa: E402  (it sets the offline variables)
+from test_harness_checks import at_repo_root, folders  # noqa: E402, F401  (the fixtures: the repo root, tiny folders)
 
 import data  # noqa: E402
 import eval as E  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread
 
-
-@pytest.fixture(autouse=True)
-def at_repo_root(monkeypatch):
-    """The task YAMLs of tests/data/harness name their data files from the repository root."""
-    monkeypatch.chdir(REPO)
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    root = tmp_path_factory.mktemp("harness_paired")
-    return {family: (root / family, *tiny_folder(root / family, family)) for family in ("llada", "dream")}
 
 
 def paired_draws(model, tokenizer, context, continuations, n, seed=0, paired=True):
