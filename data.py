@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from model import read_json
+from dream import qwen2_tokenizer
+from model import read_json_file
 
 # -----------------------------------------------------------------------------
 # Constants: the chat formats' special token strings (their ids always come from tokenizer.json / config.json)
@@ -100,15 +101,6 @@ SUDOKU_UNITS = ([[4 * r + c for c in range(4)] for r in range(4)]
 # Tokenizer and special ids
 
 
-# Qwen2's pre-tokenization (transformers' tokenization_qwen2.py, PRETOKENIZE_REGEX): contractions, a word with at
-# most one non-letter before it, each digit alone, runs of punctuation, newlines with the spaces before them, spaces
-QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
-               r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
-# tokenizer_config.json's special-token fields, in transformers' order, and the slow Qwen2Tokenizer's defaults
-SPECIAL_TOKEN_FIELDS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-QWEN2_SPECIAL_DEFAULTS = dict(unk_token=EOS, eos_token=EOS, pad_token=EOS)
-
-
 def load_tokenizer(model_dir):
     """The `tokenizers` tokenizer of a model folder: its tokenizer.json, or in a folder without one (Dream-v0's), the
     slow Qwen2 tokenizer's vocab.json, merges.txt and tokenizer_config.json, built as transformers builds them."""
@@ -126,12 +118,6 @@ def load_tokenizer(model_dir):
     return tokenizer
 
 
-def read_json_file(path):
-    """A model folder's JSON file (model.read_json; its callers check its shape), its error saying how it breaks."""
-    return read_json(path, f". A truncated download leaves such a file: copy {path.name} from the model's Hugging "
-                           "Face folder again", object_only=False)
-
-
 def _tokenizer_json(path):
     try:
         return Tokenizer.from_file(str(path))
@@ -139,83 +125,6 @@ def _tokenizer_json(path):
         read_json_file(path)
         raise ValueError(f"{path}: valid JSON, but not a tokenizer the `tokenizers` library reads ({e}); it must be "
                          "a Hugging Face tokenizer.json (not tokenizer_config.json or a sentencepiece model)") from None
-
-
-def _bpe_merges(path, vocab):
-    """merges.txt read as the slow tokenizer reads it (a "#version:" first line and blank lines skipped, then one
-    "a b" merge a line, in rank order), each merge checked against vocab.json."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: a Qwen2 tokenizer's vocab.json needs its merges.txt (copy it "
-                                "from the model's Hugging Face folder)")
-    merges = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if (n == 1 and line.startswith("#version:")) or not line:
-                continue
-            pair = tuple(line.split())
-            if len(pair) != 2 or not all(t in vocab for t in (*pair, "".join(pair))):
-                raise ValueError(f"{path}, line {n}: {line!r} is not a merge of two tokens of vocab.json into a third; "
-                                 "merges.txt and vocab.json must come from the same tokenizer")
-            merges.append(pair)
-    return merges
-
-
-def _added_token(token, path, special=None):
-    """An AddedToken from a config's string or its object of AddedToken fields; `special` overrides the flag."""
-    fields = dict(content=token) if isinstance(token, str) else token
-    if not isinstance(fields, dict) or not isinstance(fields.get("content"), str):
-        raise ValueError(f"{path}: {token!r} is not a token (a string, or an object with a 'content' string)")
-    flags = {k: fields[k] for k in ("single_word", "lstrip", "rstrip", "normalized", "special") if k in fields}
-    if special is not None:
-        flags["special"] = special
-    return AddedToken(fields["content"], **flags)
-
-
-def qwen2_tokenizer(folder):
-    """The fast tokenizer that transformers builds from a slow Qwen2 tokenizer's files (Qwen2Converter in
-    convert_slow_tokenizer.py, then PreTrainedTokenizerFast's added tokens): a byte-level BPE with no unknown token
-    (its 256 byte characters spell any text). The added tokens, matched in text before the BPE: tokenizer_config.json's
-    added_tokens_decoder (or else the older added_tokens.json) in id order, each special also when a special-token
-    field names it, then the named special tokens not among them."""
-    folder = Path(folder)
-    vocab = read_json_file(folder / "vocab.json")
-    if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
-        raise ValueError(f"{folder / 'vocab.json'}: not a BPE vocabulary (an object of token: id)")
-    tokenizer = Tokenizer(models.BPE(vocab, _bpe_merges(folder / "merges.txt", vocab), dropout=None, unk_token=None,
-                                     continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
-                                     byte_fallback=False))
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    # the special tokens that the config's fields name, Qwen2's defaults for the fields it leaves out
-    config_path = folder / "tokenizer_config.json"
-    config = read_json_file(config_path) if config_path.is_file() else {}
-    named = [config.get(k, QWEN2_SPECIAL_DEFAULTS.get(k)) for k in SPECIAL_TOKEN_FIELDS]
-    named = [_added_token(t, config_path, special=True)
-             for t in named + list(config.get("additional_special_tokens") or []) if t is not None]
-    names = {t.content for t in named}
-    if "added_tokens_decoder" in config:
-        source = config_path
-        added = {int(i): _added_token(t, source) for i, t in config["added_tokens_decoder"].items()}
-    else:  # older folders: added_tokens.json, {content: id}, special when a field names it
-        source = folder / "added_tokens.json"
-        listed = read_json_file(source) if source.is_file() else {}
-        added = {i: AddedToken(t, special=t in names, normalized=t not in names) for t, i in listed.items()}
-    for token in added.values():
-        token.special = token.special or token.content in names
-    contents = {t.content for t in added.values()}
-    missing = list({t.content: t for t in named if t.content not in contents}.values())
-    tokenizer.add_tokens([added[i] for i in sorted(added)] + missing)
-    for i, token in sorted(added.items()):
-        got = tokenizer.token_to_id(token.content)  # add_tokens numbers new tokens on from the vocabulary's
-        if got != i:
-            raise ValueError(f"{source}: added token {token.content!r} has id {i}, but after the {len(vocab)} tokens "
-                             f"of vocab.json it gets id {got}: the added tokens' ids must follow the vocabulary's")
-    return tokenizer
 
 
 def encode(tokenizer, text):

@@ -45,9 +45,11 @@ from longjob import (DTYPES, SEED_RULE, SEEDS, adapter_fingerprint, add_dtype_fl
                      barrier, broadcast_object, check_adapter, check_harness_out, check_summary, compute_dtype,
                      end_distributed, find_model, folder_fingerprint, gather_objects, load_weights, mixed_seed,
                      open_output, rank_and_world, read_records, run_command_line, setup_distributed)
-from model import GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, generation_defaults, shift_right, unwrap
+from model import (GENERATION_DEFAULTS, LLaDA, LLaDAConfig, atomic_write_text, generation_defaults, read_config,
+                   shift_right, unwrap)
+from cached_sample import generate_with_options
 from sample import (SamplerOptions, add_sampler_flags, check_sampler_choice, check_step_count, decode_until_stop,
-                    folder_defaults, generate, generate_with_options, options_from_flags, stop_ids, with_lengths)
+                    folder_defaults, generate, options_from_flags, stop_ids, with_lengths)
 
 try:  # lm-evaluation-harness, optional: GiftLM (its model "gift") and eval.py --harness need it
     import lm_eval.models  # noqa: F401  the harness's own models, registered first (lazily), stay available
@@ -571,11 +573,12 @@ def left_padded(prompts, pad_id):
     return ids, attention_mask
 
 
-def sample_answers(model, prompts, options, seed, idx, stops=None, stats=None):
+def sample_answers(model, prompts, options, seed, idx, stops=None, stats=None, eot_id=None):
     """The answers (B, gen_length) to the token-id prompts of items idx. The block sampler draws (its noise at
     temperature > 0, its order with --remasking random) from each item's own generator; Dream's sampler draws over the
     whole batch (origin even when greedy), from its first item's: the same batch (--batch-size) draws the same again.
-    stops, stats: the block samplers' early exit (sample.generate's stop_ids, stats), on unless options say not."""
+    stops, stats: the block samplers' early exit (sample.generate's stop_ids, stats), on unless options say not;
+    eot_id: the turn end's id (confidence_eos_eot_inf)."""
     device = next(model.parameters()).device
     prompt, attention_mask = left_padded(prompts, model.config.pad_token_id)  # (B, P)
     generators = None
@@ -583,7 +586,8 @@ def sample_answers(model, prompts, options, seed, idx, stops=None, stats=None):
         generators = item_generator(seed, idx[0], device)
     elif options.temperature > 0 or options.remasking == "random":
         generators = [item_generator(seed, i, device) for i in idx]
-    out = generate_with_options(model, prompt.to(device), attention_mask.to(device), options, generators, stops, stats)
+    out = generate_with_options(model, prompt.to(device), attention_mask.to(device), options, generators, stops, stats,
+                                eot_id)
     return out[:, prompt.shape[1]:]
 
 
@@ -648,10 +652,12 @@ def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, 
     was_training = module.training
     module.eval()  # LoRA dropout off
     records, start, tokens, stops = list(done.values()), time.time(), dict(generated=0, skipped=0), stop_ids(tokenizer)
+    eot_id = tokenizer.token_to_id(IM_END if chat_format(tokenizer) == "chatml" else EOT)  # the turn end
     for round_ in range(rounds):
         idx = todo[round_ * world + rank] if round_ * world + rank < len(todo) else []
         stats = {}  # the early exit's skipped tokens
-        answers = sample_answers(module, [prompts[i] for i in idx or [0]], options, run.seed, idx or [0], stops, stats)
+        answers = sample_answers(module, [prompts[i] for i in idx or [0]], options, run.seed, idx or [0], stops, stats,
+                                 eot_id)
         new = graded_records(tokenizer, task, items, idx, answers, run.seed, done)
         if world > 1:  # every rank's records of the round (in rank order), which rank 0 streams
             parts = gather_objects(new)
@@ -818,7 +824,7 @@ def load_data(p, args):
             raise ValueError(f"--shots {args.shots} but {args.shot_data} has only {len(shot_items)} items")
         tokenizer = load_tokenizer(args.folder)
         check_chat_tokens(tokenizer, args.folder)
-        config = LLaDAConfig.from_json(args.folder / "config.json")
+        config = read_config(args.folder)
         check_mask_token(tokenizer, config)  # the ids within the embedding, before the weights load
     except (OSError, ValueError) as e:
         p.error(str(e) if str(path) in str(e) or str(args.folder) in str(e) else f"{flag} {path}: {e}")
@@ -858,7 +864,8 @@ def run_settings(args, dtype):
                     threshold=o.threshold, dtype=str(dtype).replace("torch.", ""))
     # settings that only some runs use, recorded only when set: a record names the options its run used
     extra = dict(cache_refresh=o.cache_refresh, cache_drift=o.cache_drift, cache_window=o.cache_window,
-                 cfg_scale=o.cfg_scale, remasking=None if o.remasking == "low_confidence" else o.remasking)
+                 cfg_scale=o.cfg_scale, remasking=None if o.remasking == "low_confidence" else o.remasking,
+                 logits_eos_inf=o.logits_eos_inf, confidence_eos_eot_inf=o.confidence_eos_eot_inf)
     if o.sampler == "dream":  # Dream's sampler reads none of the block sampler's options, and its own
         extra = dict(sampler=o.sampler, alg=o.alg, alg_temp=o.alg_temp, eps=o.eps, top_p=o.top_p, top_k=o.top_k)
     if args.adapter:  # another adapter at the same path is told apart

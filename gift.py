@@ -345,7 +345,7 @@ from longjob import (DTYPES, EXPORTED, SEED_RULE, SEEDS, CheckpointManager, Expo
                      parse_dataclass_flags, print0, rank_and_world, run_command_line, run_folder, setup_distributed,
                      tensors_fingerprint, write_results)
 from model import (GENERATION_DEFAULTS, LINEARS, LORA, LORA_TARGETS, LLaDA, LLaDAConfig, add_lora, atomic_write_text,
-                   check_config_against_weights, load_weight_rows, lora_disabled, lora_layers, shift_right,
+                   check_config_against_weights, load_weight_rows, lora_disabled, lora_layers, predicting_hidden,
                    stored_dtype, unwrap)
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -611,14 +611,6 @@ def gradient_sync(model, enabled):
 # ---------------------------------------------------------------------------------------------------------------------
 # GIFT's passes besides the loss: Algorithm 1 on the model (the betas of a no-grad first pass); GIFT*'s betas of the
 # frozen initial model, computed once and cached in <out>/ref_betas.pt; betas reused for K epochs (BetaCache)
-
-
-def predicting_hidden(model, input_ids):
-    """The model's final hidden states (B, L, D), each at the position of the token it predicts: what Part I takes.
-    A family that predicts shifted (Dream: the state at i - 1 predicts token i, model.predicts_shifted) has its states
-    moved one position right, the first kept, as Dream's generation code moves its logits. Part I never shifts."""
-    hidden = model(input_ids, return_hidden=True)  # (B, L, D)
-    return shift_right(hidden) if unwrap(model).predicts_shifted else hidden
 
 
 def first_pass_betas(model, betas_from, input_ids, answer_mask, mask_id, beta_power=BETA_POWER, chunk_size=CE_CHUNK):

@@ -17,9 +17,12 @@ modules keep LLaDA's names; its logits at position i - 1 predict token i, which 
 
 import collections
 import contextlib
+import copy
 import dataclasses
+import functools
 import json
 import math
+import numbers
 import os
 import re
 import shutil
@@ -312,18 +315,6 @@ def apply_rope(x, cos, sin, in_float32=True):
     return (x32 * cos + torch.cat([-b, a], dim=-1) * sin).to(x.dtype)
 
 
-def attention_probs(q, k, key_mask):
-    """softmax(q k^T / sqrt(hd)) in float32, what scaled_dot_product_attention weighs the values with: q (B, H, S,
-    hd), k (B, Hkv, L, hd), key_mask None or (B, 1, 1 or S, L) bool -> (B, H, S, L). Written out only for the few
-    queries sample.py's drift test inspects; the forward itself uses the fused kernel."""
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1).float()  # (B, H, L, hd): query head h reads kv head h // g
-    scores = q.float() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, H, S, L)
-    if key_mask is None:
-        return scores.softmax(-1)
-    # a query that may see no key (a Dream padding query) gets weights 0, as the fused kernel gives it
-    return scores.masked_fill(~key_mask, float("-inf")).softmax(-1).masked_fill(~key_mask.any(-1, keepdim=True), 0.0)
-
-
 class Block(nn.Module):
     """Pre-norm LLaMA-style block with bidirectional attention and a SwiGLU MLP (official names)."""
 
@@ -343,12 +334,11 @@ class Block(nn.Module):
         self.up_proj = nn.Linear(D, cfg.mlp_hidden_size, bias=False)
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, D, bias=False)
 
-    def forward(self, x, rope, key_mask, kv=None, start=0, attn_rows=None, kv_write=False):
-        """x (B, S, D) at positions start .. start + S - 1; rope (S, hd) or, one row per sequence, (B, 1, S, hd)
-        complex, cos + i sin of those positions (see LLaDA.forward for why complex); key_mask None or (B, 1, 1 or S,
-        L_all) bool, True = may be attended to. kv: None, or this block's entry of LLaDA.forward's kv_cache: empty,
-        this call's (k, v) (B, Hkv, S, hd) are appended to it; else the other positions' come from it. attn_rows,
-        kv_write: as in LLaDA.forward."""
+    def forward(self, x, rope, key_mask, kv=None):
+        """x (B, S, D); rope (S, hd) or, one row per sequence, (B, 1, S, hd) complex, cos + i sin of these positions
+        (see LLaDA.forward for why complex); key_mask None or (B, 1, 1 or S, L) bool, True = may be attended to. kv:
+        None, or a sampler's key/value cache for this block (LLaDA.forward's `cache`), called as kv(q, k, v, key_mask)
+        -> the keys and values to attend to (B, Hkv, L, hd): this span's with the cached others."""
         B, L, D = x.shape
         cos, sin = rope.real, rope.imag  # (L, hd) or (B, 1, L, hd) float32
         n = self.attn_norm(x)
@@ -356,18 +346,8 @@ class Block(nn.Module):
         k = self.k_proj(n).view(B, L, self.n_kv_heads, -1).transpose(1, 2)  # (B, Hkv, L, hd)
         v = self.v_proj(n).view(B, L, self.n_kv_heads, -1).transpose(1, 2)
         q, k = apply_rope(q, cos, sin, self.rope_in_float32), apply_rope(k, cos, sin, self.rope_in_float32)
-        if kv is not None and not kv:
-            kv.append((k, v))
-        elif kv is not None:  # cached keys / values before and after this span: (B, Hkv, L_all, hd)
-            (k_all, v_all), end = kv[0], start + L
-            if kv_write:  # this span's keys / values replace the cached ones, in place
-                k_all[:, :, start:end], v_all[:, :, start:end] = k, v
-            k = k_all if kv_write else torch.cat([k_all[:, :, :start], k, k_all[:, :, end:]], dim=2)
-            v = v_all if kv_write else torch.cat([v_all[:, :, :start], v, v_all[:, :, end:]], dim=2)
-        if attn_rows is not None:
-            qs, qe, rows = attn_rows
-            mask = key_mask if key_mask is None or key_mask.shape[2] == 1 else key_mask[:, :, qs:qe]
-            rows.append(attention_probs(q[:, :, qs:qe], k, mask).mean(1))  # (B, qe - qs, L_all)
+        if kv is not None:
+            k, v = kv(q, k, v, key_mask)
         # grouped-query attention: kv head j serves query heads j*g .. j*g+g-1 (what enable_gqa does)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, is_causal=False,
                                            enable_gqa=self.n_kv_heads != self.n_heads)
@@ -385,6 +365,50 @@ def shift_right(h):
     """Dream's alignment of its outputs (B, L, ...): the one at i - 1 moved to position i, position 0 keeping its own
     (the official `logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)`), so position i predicts token i."""
     return torch.cat([h[:, :1], h[:, :-1]], dim=1)
+
+
+def padded_positions(attention_mask):
+    """Dream's RoPE positions for a left-padded batch, as its official generation computes them (tok_idx): a real
+    token's index among its row's real tokens, cumsum(mask) - 1, and 1 on the pads; None when nothing is padded
+    (positions 0 .. L - 1). attention_mask (B, L) or None -> (B, L) long or None."""
+    if attention_mask is None or bool(attention_mask.all()):
+        return None
+    return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
+
+
+def predicting_hidden(model, input_ids, attention_mask=None):
+    """The final hidden states (B, L, D) that predict each token of input_ids, each at its token's position: one
+    forward (the wrapper is called, so that DDP / FSDP see it). A family that predicts shifted (Dream: the state at
+    i - 1 predicts token i, model.predicts_shifted) has them moved one position right (shift_right, as its official
+    generation moves its logits) and, for a left-padded batch, Dream's official positions (padded_positions); LLaDA
+    uses positions 0 .. L - 1, as its official code. What gift.py's Part I and sample.py's sampler take."""
+    shifted = getattr(unwrap(model), "predicts_shifted", False)
+    kw = {"position_ids": padded_positions(attention_mask)} if shifted else {}  # (B, L) or None
+    h = model(input_ids, attention_mask=attention_mask, return_hidden=True, **kw)  # (B, L, D)
+    return shift_right(h) if shifted else h
+
+
+def check_prompt(prompt, attention_mask, generator, where, model=None, gen_length=0, gen_name="gen_length"):
+    """A sampler's tensors, before any forward pass (its options are SamplerOptions' check): a prompt of token ids
+    (B, P), an attention mask of its shape, one generator or one per row; with `model`, ids that are rows of its
+    embedding, and P + gen_length (the argument gen_name) within its context (a config may leave either out)."""
+    if prompt.dim() != 2:
+        raise ValueError(f"{where}: prompt must be (batch, prompt_len) token ids, got shape {tuple(prompt.shape)}; "
+                         f"use prompt[None] for a single prompt")
+    if attention_mask is not None and attention_mask.shape != prompt.shape:
+        raise ValueError(f"{where}: attention_mask {tuple(attention_mask.shape)} must have the prompt's shape "
+                         f"{tuple(prompt.shape)}")
+    if isinstance(generator, (list, tuple)) and len(generator) != len(prompt):
+        raise ValueError(f"{where}: {len(generator)} generators for {len(prompt)} rows")
+    config = getattr(unwrap(model), "config", None)
+    rows, context = getattr(config, "embedding_size", None), getattr(config, "max_sequence_length", None)
+    lo, hi = (int(prompt.min()), int(prompt.max())) if prompt.numel() else (0, 0)
+    if rows and not (0 <= lo and hi < rows):
+        raise ValueError(f"{where}: prompt holds the token id {lo if lo < 0 else hi}, outside the model's vocabulary "
+                         f"(ids 0 .. {rows - 1}: config embedding_size {rows})")
+    if context and prompt.shape[1] + gen_length > context:
+        raise ValueError(f"{where}: the prompt's {prompt.shape[1]} tokens + {gen_name}={gen_length} exceed the model's "
+                         f"context (config max_sequence_length {context})")
 
 
 class LLaDA(nn.Module):
@@ -441,8 +465,7 @@ class LLaDA(nn.Module):
                 p.normal_(0.0, std, generator=generator)
         return self
 
-    def forward(self, input_ids, attention_mask=None, return_hidden=False, kv_cache=None, start=0, attn_rows=None,
-                position_ids=None, kv_write=False):
+    def forward(self, input_ids, attention_mask=None, return_hidden=False, position_ids=None, cache=None):
         """input_ids (B, L); attention_mask (B, L), 1 = real token, 0 = padding (hidden from every query; for Dream a
         padding query also sees no key, the query-and-key mask its official code builds from a 2-D mask, which
         changes only the padding rows' own logits). position_ids (B, L), optional: each token's RoPE position
@@ -450,21 +473,14 @@ class LLaDA(nn.Module):
         cumsum(attention_mask) - 1 for left-padded prompts). Returns logits (B, L, V), aligned as the official
         model returns them (Dream's at position i - 1 predict token i: predicts_shifted), or with return_hidden the
         final hidden states after ln_f (B, L, D).
-
-        kv_cache (inference only): an empty list is filled with one [(k, v)] per block, the keys and values of this
-        whole sequence. A filled one lets input_ids be a span: positions start .. start + S - 1 of the sequence the
-        cache was made from; every other position's keys and values are the cached ones (stale where those tokens
-        have changed since: the approximation of a cached sampler). attention_mask stays over the whole sequence.
-        kv_write: the span's keys and values are also written into the filled cache. attn_rows (inference only):
-        (qs, qe, rows): each block appends to the list rows its head-averaged attention probabilities of queries
-        qs .. qe - 1 of input_ids, (B, qe - qs, L_all) (sample.py's drift test)."""
+        cache (inference only): a sampler's key/value cache (cached_sample.KVCache), which keeps its own state, as
+        gpt-fast's KVCache and nanochat's engine keep theirs: input_ids are then positions cache.start .. cache.start
+        + L - 1 of a sequence of cache.length tokens (attention_mask and position_ids over the whole sequence), and
+        each block attends to what cache.layer(i) returns."""
         tr = self.model.transformer
         B, L = input_ids.shape
         x = tr.wte(input_ids)  # (B, L, D)
-        fill = kv_cache is not None and not kv_cache
-        if fill:
-            kv_cache.extend([] for _ in tr.blocks)
-        L_all = L if kv_cache is None or fill else kv_cache[0][0][0].shape[2]
+        start, L_all = (0, L) if cache is None else (cache.start, cache.length or L)
         cos, sin = rope_cos_sin(L_all, self.config.head_dim, self.config.rope_theta, x.device, position_ids)
         # one complex tensor, (L, hd) (or (B, 1, L, hd)) for this span's positions: FSDP2's mixed precision casts a
         # block's floating-point inputs to bf16, which would round the cos and sin tables that the official code keeps
@@ -479,7 +495,7 @@ class LLaDA(nn.Module):
             if self.activation_checkpointing and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, rope, key_mask, use_reentrant=False)
             else:
-                x = block(x, rope, key_mask, None if kv_cache is None else kv_cache[i], start, attn_rows, kv_write)
+                x = block(x, rope, key_mask, None if cache is None else cache.layer(i))
         h = tr.ln_f(x)
         return h if return_hidden else self.head(h)
 
@@ -493,8 +509,8 @@ class LLaDA(nn.Module):
         device and filled shard by shard, so peak memory is about one copy of the weights. dtype None keeps the
         stored dtype (bf16 for the real 8B checkpoint)."""
         path = Path(path)
-        config = LLaDAConfig.from_json(path / "config.json")
-        shards = check_config_against_weights(path, config)  # before anything is built: config.json may lie
+        config = read_config(path)  # checked against the weights' headers before anything is built
+        shards = weight_files(path)
         with torch.device("meta"):
             model = cls(config)
         device = str(torch.device(device)) if device is not None else "cpu"
@@ -629,6 +645,23 @@ def expected_tensors(config):
     return {name: shapes[k] for name, k in checkpoint_keys(config, shapes).items()}
 
 
+def read_config(folder):
+    """The LLaDAConfig of a model folder's config.json, checked against the headers of its safetensors
+    (check_config_against_weights): parsed and checked once per process while config.json and the weight files are
+    unchanged (each caller gets its own copy), though every command line asks for it several times before loading."""
+    folder = Path(folder).resolve()
+    files = sorted(f for pattern in ("config.json", "*.safetensors*") for f in folder.glob(pattern))
+    return copy.deepcopy(_checked_config(folder, tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size)
+                                                       for f in files if f.is_file())))
+
+
+@functools.lru_cache(maxsize=16)
+def _checked_config(folder, stamp):
+    config = LLaDAConfig.from_json(folder / "config.json")
+    check_config_against_weights(folder, config)
+    return config
+
+
 def check_config_against_weights(folder, config):
     """config.json (`config`, read from folder `folder`) against the headers of the folder's safetensors, before
     anything is built: a config.json that does not describe its weights (n_layers 10^6 would build blocks for
@@ -702,6 +735,45 @@ def load_weight_rows(model, path, rank, world):
 
 
 # -----------------------------------------------------------------------------
+# One rule for an option's value, read from a dataclass field's metadata (SamplerOptions, TrainOptions, ...) or
+# from a dict per argument (a library call's), so that each range is written once, where the option is declared
+
+KINDS = {int: (numbers.Integral, "an integer"), float: (numbers.Real, "a number"), str: (str, "a string"),
+         bool: (bool, "true or false")}
+
+
+def in_interval(value, interval):
+    """Whether the number `value` lies in `interval`, written "[lo, hi)": brackets closed, parentheses open, inf
+    allowed (NaN lies in none)."""
+    lo, hi = (float(x) for x in interval[1:-1].split(","))
+    return ((lo <= value) if interval[0] == "[" else (lo < value)) and (
+        (value <= hi) if interval[-1] == "]" else (value < hi))
+
+
+def check_value(said, value, kind=None, range=None, choices=None, what=None, **_):
+    """`value` against one rule: `kind` (int: an integer, not a bool; float: any real number; str; bool), `range` an
+    interval of numbers ("[1, inf)": in_interval), `choices`; None (unset) passes. A one-line ValueError starting
+    with said (the option as its giver wrote it: "--steps 0", "steps=0"), then `what` it must be (else "must be in"
+    the interval). Other metadata (a flag's help) is ignored."""
+    if value is None:
+        return
+    if kind is not None and (not isinstance(value, KINDS[kind][0]) or isinstance(value, bool) != (kind is bool)):
+        raise ValueError(f"{said}: expected {KINDS[kind][1]}")
+    if choices is not None and value not in choices:
+        raise ValueError(f"{said}; expected one of {choices}")
+    if range is not None and not in_interval(value, range):
+        raise ValueError(f"{said}: {what or 'must be in ' + range}")
+
+
+def check_fields(obj, said):
+    """Every field of the dataclass `obj` against its metadata's rule (check_value), its kind from the annotation;
+    said(name) says the field as its giver wrote it."""
+    for f in dataclasses.fields(obj):
+        kind = next((t for t in getattr(f.type, "__args__", (f.type,)) if t in KINDS), None)
+        check_value(said(f.name), getattr(obj, f.name), **dict(kind=kind) | dict(f.metadata))
+
+
+# -----------------------------------------------------------------------------
 # Files: JSON read with a one-line error; atomic writes (a crash mid-write leaves the previous file or folder intact)
 
 
@@ -716,6 +788,12 @@ def read_json(path, hint="", object_only=True):
     if object_only and not isinstance(value, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
     return value
+
+
+def read_json_file(path):
+    """A model folder's JSON file (model.read_json; its callers check its shape), its error saying how it breaks."""
+    return read_json(path, f". A truncated download leaves such a file: copy {path.name} from the model's Hugging "
+                           "Face folder again", object_only=False)
 
 
 def atomic_write_text(path, text):

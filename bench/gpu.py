@@ -71,7 +71,8 @@ from gift import (COUNTS, DEFAULT_NORM, MicroBatch, answer_entropy_and_nll, diff
                   train_step as gift_train_step, wrap_model)
 from longjob import setup_distributed  # noqa: E402
 from model import LLaDA, LLaDAConfig  # noqa: E402
-from sample import SamplerOptions, generate, generate_cached  # noqa: E402
+from sample import SamplerOptions, generate
+from cached_sample import generate_cached  # noqa: E402
 
 PEAK_TFLOPS = 989.0  # H100 SXM, bf16 dense (no sparsity), NVIDIA's datasheet; the H200's is the same
 DEVICE_TESTS = ("tests/test_device.py",)

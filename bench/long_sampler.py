@@ -36,7 +36,8 @@ sys.path.insert(0, str(REPO / "experiments"))
 import longform  # noqa: E402
 from gift_vs_sft import cpu_name  # noqa: E402
 from model import LLaDA, LLaDAConfig  # noqa: E402
-from sample import SamplerOptions, generate_with_options  # noqa: E402
+from cached_sample import generate_with_options  # noqa: E402
+from sample import SamplerOptions  # noqa: E402
 
 LENGTHS = (256, 512, 1024)
 BLOCK = 32

@@ -1,5 +1,5 @@
 """Tokens per second of sample.generate against the official LLaDA sampler, same model, same tokens; then the
-opt-in fast sampler sample.generate_cached (Fast-dLLM's prefix / dual key-value cache and confidence-threshold
+opt-in fast sampler cached_sample.generate_cached (Fast-dLLM's prefix / dual key-value cache and confidence-threshold
 parallel decoding) against the exact one, with the share of tokens that agree and, on a trained Sudoku model, what
 the speed costs in accuracy.
 
@@ -38,7 +38,8 @@ sys.path.insert(0, str(REPO))  # the repo's top-level files are plain modules
 sys.path.insert(0, str(REPO / "tests"))  # the official sampler's transcription lives with the tests (the oracle)
 from model import LLaDA, LLaDAConfig  # noqa: E402
 from official_sampler import official_generate  # noqa: E402
-from sample import SamplerOptions, generate, generate_cached  # noqa: E402
+from sample import SamplerOptions, generate
+from cached_sample import generate_cached  # noqa: E402
 
 CONFIGS = {  # name: model shapes
     "head-heavy": dict(vocab=126464, d_model=128, n_heads=4, n_layers=2, mlp=384),
@@ -214,7 +215,7 @@ def bench_sudoku(model_dir, a, device, dtype):
 
 
 def run_fast(a, device, dtype):
-    print(f"\nfast sampler (sample.generate_cached cache= / threshold={THRESHOLD}) vs the exact sampler, body-heavy "
+    print(f"\nfast sampler (cached_sample.generate_cached cache= / threshold={THRESHOLD}) vs the exact sampler, body-heavy "
           f"model, batch {a.batch}, greedy, random weights; agreement = share of generated tokens equal to the exact "
           "sampler's")
     header = f"{'shape':14} {'P':>4} {'gen':>4} {'mode':17} {'tok/s':>8} {'speedup':>8} {'agreement':>9}"

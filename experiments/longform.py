@@ -48,7 +48,8 @@ import gift  # noqa: E402
 import longjob  # noqa: E402
 from data import CHAR_VOCAB, chat_format, chat_prompt, encode, make_char_tokenizer, tiny_config_for  # noqa: E402
 from model import LLaDA  # noqa: E402
-from sample import SamplerOptions, decode_until_stop, generate_with_options, stop_ids  # noqa: E402
+from cached_sample import generate_with_options  # noqa: E402
+from sample import SamplerOptions, decode_until_stop, stop_ids  # noqa: E402
 
 VOCAB = CHAR_VOCAB + "+=,"  # the char vocabulary plus "+=" (the warm-up trace, below) and ","
 QUESTION = "rotate {s}, {n} lines"

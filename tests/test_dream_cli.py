@@ -13,9 +13,13 @@ from test_sample import SETTINGS
 
 import data
 import eval as E
+import cached_sample
 import sample
 from model import LLaDA, add_lora, load_adapter, merge_lora, save_adapter
-from sample import SamplerOptions, diffusion_generate, generate, generate_cached, padded_positions
+from sample import append_masks, SamplerOptions, generate
+from dream import diffusion_generate
+from cached_sample import KVCache, generate_cached
+from model import padded_positions
 
 SUDOKU_CSV = ("Puzzle,Solution\n3102200002100320,3142243142131324\n0142243142131320,3142243142131324\n"
               "3142000042131324,3142243142131324\n")
@@ -126,15 +130,13 @@ def test_generate_equals_the_official_sampler_on_logits_shifted_by_hand(name, pa
 def test_a_cache_refreshed_every_step_gives_the_exact_tokens(cache, kw, one_thread):
     """A cache rebuilt at every step holds exact keys and values, so each span forward (one position earlier than
     the block for Dream: the state predicting the block's first token) gives the exact sampler's states: the tokens
-    of generate, left-padded batch, dual and prefix caches, both ways of rebuilding."""
+    of generate, left-padded batch, dual and prefix caches."""
     model, _ = tiny_dream(no_mask=True)
     ids, mask, _ = padded_batch()
     exact = generate(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3), **kw)
-    for how in (dict(cache_refresh=1), dict(refresh_cache_every_step=True)):
-        options = SamplerOptions(gen_length=16, cache=cache, cache_refresh=how.get("cache_refresh"), **kw)
-        cached = generate_cached(model, ids, mask, options, generator=torch.Generator().manual_seed(3),
-                                 refresh_cache_every_step=how.get("refresh_cache_every_step", False))
-        assert torch.equal(cached, exact), how
+    options = SamplerOptions(gen_length=16, cache=cache, cache_refresh=1, **kw)
+    cached = generate_cached(model, ids, mask, options, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(cached, exact)
 
 
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
@@ -154,28 +156,22 @@ def test_a_span_runs_from_the_position_before_the_block(cache, one_thread):
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("cache", ["prefix", "dual"])
-def test_the_drift_test_sees_the_blocks_queries(monkeypatch, cache, one_thread):
-    """With a cache rebuilt at every step, the attention rows the drift test gets from a span forward (which starts
-    one position before the block) are those of the block's own queries in a full forward of the same tokens."""
+def test_the_drift_test_sees_the_blocks_queries(cache, one_thread):
+    """With a fresh cache, the attention rows the drift test gets from a span forward (which starts one position
+    before the block) are those of the block's own queries in a full forward of the same tokens."""
     model, _ = tiny_dream(no_mask=True)
     ids, mask, _ = padded_batch()
-    real, checked = sample.guided_logits, []
-
-    def checking(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, cache=None):
-        out = real(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, cache)
-        if cache is not None and cache.attn_rows is not None and cache.span is not None:
-            qs, qe, rows = cache.attn_rows
-            full = []
-            model(x, attention_mask=attention_mask, position_ids=padded_positions(attention_mask),
-                  attn_rows=(qs, qe, full))
-            for got, want in zip(rows, full):
-                torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
-            checked.append(qs)
-        return out
-    monkeypatch.setattr(sample, "guided_logits", checking)
-    generate_cached(model, ids, mask, SamplerOptions(steps=8, gen_length=8, block_length=4, cache=cache,
-                                                     cache_drift=0.9), refresh_cache_every_step=True)
-    assert checked == [9] * 4 + [13] * 4  # every step of both blocks, at the block's first position
+    x, mask = append_masks(ids, mask, 8, model.config.mask_token_id)  # P = 9, L = 17, blocks of 4
+    x[:, 9:12] = ids[:, -3:]  # some of the first block filled in
+    layers = []
+    KVCache(layers).states(model, x, mask)  # the whole sequence: the cache built
+    for s in (9, 13):
+        rows, full = [], []
+        KVCache(layers, (s, s + 4) if cache == "dual" else (s, x.shape[1]), (s, s + 4, rows)).states(model, x, mask)
+        KVCache(probe=(s, s + 4, full)).states(model, x, mask)
+        assert len(rows) == len(full) == len(model.model.transformer.blocks)
+        for got, want in zip(rows, full):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.numerics
@@ -185,14 +181,14 @@ def test_a_row_the_drift_test_flags_is_rebuilt_and_sees_the_exact_tokens(monkeyp
     made to flag row 0 at every step, row 0 gets generate's tokens and rows 1, 2 the plain cached sampler's."""
     model, _ = tiny_dream(no_mask=True)
     ids, mask, _ = padded_batch()
-    real, calls = sample.attention_drift, []
+    real, calls = cached_sample.attention_drift, []
     kw = dict(gen_length=16, steps=8, block_length=4)
 
     def row_zero(*args):
         calls.append(1)
         return (torch.tensor([True, False, False]),) + real(*args)[1:]
     plain = generate_cached(model, ids, mask, SamplerOptions(cache=cache, **kw))
-    monkeypatch.setattr(sample, "attention_drift", row_zero)
+    monkeypatch.setattr(cached_sample, "attention_drift", row_zero)
     flagged = generate_cached(model, ids, mask, SamplerOptions(cache=cache, cache_drift=0.9, **kw))
     assert calls  # the hook ran
     assert torch.equal(flagged[0], generate(model, ids, mask, **kw)[0]) and torch.equal(flagged[1:], plain[1:])
@@ -209,12 +205,12 @@ def test_left_padded_prompts_give_the_unpadded_tokens(options, one_thread):
     o = SamplerOptions(gen_length=16, steps=8, block_length=8, **options)
     positions = []
     hook = model.register_forward_pre_hook(lambda m, a, kw: positions.append(kw.get("position_ids")), with_kwargs=True)
-    batch = sample.generate_with_options(model, ids, mask, o)
+    batch = cached_sample.generate_with_options(model, ids, mask, o)
     hook.remove()
     want = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # (B, P): the prompt's
     assert all(torch.equal(p[:len(p) // (2 if o.cfg_scale else 1), :ids.shape[1]], want) for p in positions)
     for r, p in enumerate(prompts):
-        alone = sample.generate_with_options(model, p[None], None, o)
+        alone = cached_sample.generate_with_options(model, p[None], None, o)
         assert torch.equal(batch[r, ids.shape[1]:], alone[0, len(p):]), r
 
 
@@ -278,7 +274,7 @@ def test_the_wrong_samplers_flags_are_refused_in_one_line(tmp_path, base, capsys
              (dream + ["--sampler", "dream", "--cache", "dual", "--block-length", "4"],
               "--block-length --cache: not read by the dream sampler"),
              (dream + ["--sampler", "dream", "--top-p", "0"], "--top-p 0.0: a probability in (0, 1]"),
-             (["--model", str(tmp_path / "odd")], "generation_defaults.json: sampler 'fast'; expected one of")]
+             (["--model", str(tmp_path / "odd")], "generation_defaults.json: field 'sampler' = \"fast\"; expected one of")]
     for flags, message in cases:
         for main, argv in ((sample.main, ["--prompt", "hi"]), (E.main, ["--task", "sudoku", "--data", "x.csv"])):
             with pytest.raises(SystemExit):

@@ -8,6 +8,7 @@ import socket
 
 import pytest
 import torch
+from cached_sample import KVCache
 from conftest import GOLDEN, assert_float32_close, model_depth, tiny_model
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -99,9 +100,10 @@ def test_cached_span_with_position_ids_equals_the_full_forward(golden):
     same sequence gives the full forward's logits there."""
     model, ids = dream("gqa"), golden["gqa.padded.input_ids"]
     mask, pos = golden["gqa.padded.attention_mask"], golden["gqa.padded.tok_idx"]
-    cache, rows = [], []
-    full = model(ids, mask, kv_cache=cache, position_ids=pos)
-    span = model(ids[:, 3:9], mask, kv_cache=cache, start=3, position_ids=pos, attn_rows=(0, 2, rows))
+    cache, rows = KVCache(), []
+    full = model(ids, mask, position_ids=pos, cache=cache)
+    cache.start, cache.probe = 3, (3, 5, rows)
+    span = model(ids[:, 3:9], mask, position_ids=pos, cache=cache)
     assert_float32_close(span, full[:, 3:9], model_depth(model.config))  # another summation order: float32_atol
     assert rows[0].shape == (3, 2, 12) and torch.equal(rows[0][0, 0], torch.zeros(12))  # a pad query sees no key
 

@@ -11,8 +11,7 @@ import torch.distributions as dists
 from conftest import GOLDEN
 
 from model import from_pretrained
-from sample import (diffusion_generate, dream_confidence, dream_num_transfer, sample_tokens, top_k_logits,
-                    top_p_logits)
+from dream import diffusion_generate, dream_confidence, dream_num_transfer, sample_tokens, top_k_logits, top_p_logits
 
 pytestmark = pytest.mark.numerics  # float32 against goldens and other code paths (conftest.py)
 

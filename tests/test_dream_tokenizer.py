@@ -13,6 +13,7 @@ from conftest import DATA
 from tokenizers import Regex, pre_tokenizers
 
 import data
+import dream
 from model import LLaDA, LLaDAConfig
 
 FOLDER = DATA / "dream_tokenizer"
@@ -74,11 +75,11 @@ def test_the_fixture_catches_a_wrong_pre_tokenization(tok):
         return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
                                         pre_tokenizers.ByteLevel(add_prefix_space=prefix, use_regex=False)])
 
-    assert mismatches(variant(split(data.QWEN2_SPLIT))) == []
+    assert mismatches(variant(split(dream.QWEN2_SPLIT))) == []
     for wrong in (variant(pre_tokenizers.ByteLevel(add_prefix_space=False)), variant(normalizer=False),
-                  variant(split(data.QWEN2_SPLIT, prefix=True)),
-                  variant(split(data.QWEN2_SPLIT.replace(r"\p{N}|", r"\p{N}+|"))),
-                  variant(split(data.QWEN2_SPLIT.replace(r"\s*[\r\n]+|", r"[\r\n]+|")))):
+                  variant(split(dream.QWEN2_SPLIT, prefix=True)),
+                  variant(split(dream.QWEN2_SPLIT.replace(r"\p{N}|", r"\p{N}+|"))),
+                  variant(split(dream.QWEN2_SPLIT.replace(r"\s*[\r\n]+|", r"[\r\n]+|")))):
         assert mismatches(wrong)
 
 

@@ -10,7 +10,8 @@ from test_dream_cli import tiny_dream
 from test_sample import EOS, left_pad, tiny_model
 from torch import nn
 
-from sample import SamplerOptions, eos_after_stop, generate, generate_with_options
+from cached_sample import generate_with_options
+from sample import SamplerOptions, eos_after_stop, generate
 
 EOT = 45  # a second stop token of the LLaDA test vocabulary (its <|eot_id|>)
 

@@ -1,4 +1,4 @@
-"""The opt-in fast sampler (sample.generate_cached's cache= and threshold=, after Fast-dLLM): without a cache or a
+"""The opt-in fast sampler (cached_sample.generate_cached's cache= and threshold=, after Fast-dLLM): without a cache or a
 threshold it is the exact sampler, token for token; the model's key/value cache is exact where it is built; a cache
 rebuilt at every step gives the exact sampler's tokens (so the cache logic is the only difference of the fast modes);
 without a threshold the cached sampler keeps the exact step schedule; the threshold unmasks what is confident and
@@ -8,9 +8,11 @@ import pytest
 import torch
 from test_sample import EOS, MASK, SETTINGS, left_pad, no_mask_model, random_prompts, tiny_model
 
+import cached_sample
 import sample
 from model import apply_rope, rope_cos_sin
-from sample import SamplerOptions, generate, generate_cached
+from sample import SamplerOptions, generate
+from cached_sample import KVCache, generate_cached
 
 pytestmark = pytest.mark.numerics  # float32 against goldens and other code paths (conftest.py)
 
@@ -48,7 +50,7 @@ def test_without_cache_or_threshold_it_is_the_exact_sampler(name, draws):
 
 
 def test_the_cache_holds_a_fresh_forwards_keys_and_values():
-    """kv_cache=[] stores, for every block, the keys and values a plain forward computes (RoPE applied); a span
+    """An empty KVCache stores, for every block, the keys and values a plain forward computes (RoPE applied); a span
     forward that reads them gives the full forward's hidden states at the span."""
     model = float64_model()
     ids, mask = padded_batch()
@@ -58,18 +60,19 @@ def test_the_cache_holds_a_fresh_forwards_keys_and_values():
     full = model(ids, attention_mask=mask, return_hidden=True)
     for h in hooks:
         h.remove()
-    cache = []
-    cached_run = model(ids, attention_mask=mask, return_hidden=True, kv_cache=cache)
-    assert torch.equal(cached_run, full) and len(cache) == len(blocks)
+    cache = KVCache()
+    cached_run = model(ids, attention_mask=mask, return_hidden=True, cache=cache)
+    assert torch.equal(cached_run, full) and len(cache.layers) == len(blocks)
     cos, sin = rope_cos_sin(ids.shape[1], model.config.head_dim, model.config.rope_theta, ids.device)
-    for block, x, [(k, v)] in zip(blocks, inputs, cache):
+    for block, x, (k, v) in zip(blocks, inputs, cache.layers):
         n = block.attn_norm(x)
         B, L, _ = x.shape
         k_ref = apply_rope(block.k_proj(n).view(B, L, block.n_kv_heads, -1).transpose(1, 2), cos, sin)
         v_ref = block.v_proj(n).view(B, L, block.n_kv_heads, -1).transpose(1, 2)
         assert torch.equal(k, k_ref) and torch.equal(v, v_ref)
     for s, e in ((0, 4), (3, 7), (6, ids.shape[1])):
-        span = model(ids[:, s:e], attention_mask=mask, return_hidden=True, kv_cache=cache, start=s)
+        cache.start = s
+        span = model(ids[:, s:e], attention_mask=mask, return_hidden=True, cache=cache)
         torch.testing.assert_close(span, full[:, s:e], rtol=1e-12, atol=1e-12)
 
 
@@ -78,11 +81,13 @@ def test_the_cache_holds_a_fresh_forwards_keys_and_values():
                                 dict(steps=8, block_length=4, cfg_scale=1.5),
                                 dict(steps=8, block_length=4, temperature=0.7)], ids=["b4", "b8", "cfg", "temp"])
 def test_a_cache_rebuilt_every_step_gives_the_exact_tokens(cache, kw):
+    """cache_refresh=1: every step rebuilds the cache from the current tokens, so nothing stale is read: the exact
+    sampler's tokens, draws included (a span read of a fresh cache is the full forward: the test above)."""
     model = float64_model()
     ids, mask = padded_batch()
     exact = generate(model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3), **kw)
-    cached = generate_cached(model, ids, mask, SamplerOptions(gen_length=16, cache=cache, **kw),
-                             generator=torch.Generator().manual_seed(3), refresh_cache_every_step=True)
+    cached = generate_cached(model, ids, mask, SamplerOptions(gen_length=16, cache=cache, cache_refresh=1, **kw),
+                             generator=torch.Generator().manual_seed(3))
     assert torch.equal(cached, exact)
     assert not (exact == MASK).any()
 
@@ -110,6 +115,7 @@ def unmasked_per_step(monkeypatch, sampler, **kw):
         counts.append(chosen.sum(1).tolist())
         return chosen
     monkeypatch.setattr(sample, "transfer_index", record)
+    monkeypatch.setattr(cached_sample, "transfer_index", record)
     sampler(float64_model(), *padded_batch(), gen_length=16, **kw)
     monkeypatch.undo()
     return counts
@@ -197,12 +203,17 @@ def test_sample_cli_fast_flags_and_checks(tmp_path, capsys):
     LLaDA(config).init_weights(torch.Generator().manual_seed(0)).save_pretrained(tmp_path / "m")
     tok.save(str(tmp_path / "m" / "tokenizer.json"))
     common = ["--model", str(tmp_path / "m"), "--device", "cpu", "--raw", "--prompt", "1234"]
+    cached = cached_sample.generate_with_options  # what `python cached_sample.py` chats with
     sample.main(common + ["--gen-length", "8", "--steps", "8", "--block-length", "4", "--cache", "dual",
-                          "--threshold", "0.9"])
+                          "--threshold", "0.9"], sampler=cached)
     assert capsys.readouterr().out
     sample.main(common + ["--gen-length", "8", "--steps", "8", "--block-length", "8", "--cache", "dual",
-                          "--cache-drift", "0.9"])
+                          "--cache-drift", "0.9"], sampler=cached)
     assert capsys.readouterr().out
+    with pytest.raises(SystemExit):  # sample.py's own chat: the exact sampler; the cached one is named, in one line
+        sample.main(common + ["--cache", "dual"])
+    err = capsys.readouterr().err
+    assert "python cached_sample.py" in err.strip().splitlines()[-1] and "Traceback" not in err
     for flags, message in ((["--gen-length", "0"], "--gen-length 0: must be at least 1"),
                            (["--threshold", "2"], "--threshold 2.0: a confidence in [0, 1)"),
                            (["--cache-drift", "0.9"], "--cache-drift 0.9: a cosine similarity in (0, 1], with --cache"),
@@ -263,9 +274,9 @@ def test_a_bad_refresh_is_refused():
 
 
 def test_attention_probs_are_what_the_fused_kernel_weighs_the_values_with():
-    """model.attention_probs (the drift test's view of attention) times the values equals
+    """cached_sample.attention_probs (the drift test's view of attention) times the values equals
     scaled_dot_product_attention with grouped-query heads and padded keys, in float64."""
-    from model import attention_probs
+    from cached_sample import attention_probs
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 3, 8, generator=g, dtype=torch.float64)  # (B, H, S, hd)
     # (B, Hkv, L, hd) each: kv head j serves query heads 2j, 2j + 1
@@ -283,7 +294,7 @@ def test_the_model_reports_each_layers_attention_rows_for_the_queries_asked():
     ids, mask = padded_batch()  # (3, 9)
     rows = []
     plain = model(ids, attention_mask=mask, return_hidden=True)
-    probed = model(ids, attention_mask=mask, return_hidden=True, attn_rows=(4, 7, rows))
+    probed = model(ids, attention_mask=mask, return_hidden=True, cache=KVCache(probe=(4, 7, rows)))
     assert torch.equal(probed, plain) and len(rows) == len(model.model.transformer.blocks)
     for r in rows:
         assert r.shape == (3, 3, 9)  # (B, queries 4 .. 6, every key)
@@ -295,7 +306,7 @@ def test_attention_drift_by_hand():
     """One layer, two rows, a block of 2 tokens at positions 2, 3 of 4. At the building step each row tracks the
     block token its block attends to most; the next step flags a row whose tracked token's attention row turned
     (cosine 0.6 < 0.9), not one whose row only scaled; a rebuilt row starts a new reference."""
-    from sample import attention_drift
+    from cached_sample import attention_drift
     e = torch.eye(4)
     attn = torch.stack([torch.stack([e[3], e[3]]), torch.stack([e[2], e[0]])])[None]  # (1, B=2, Lb=2, L=4)
     # row 0: both queries attend to position 3 (block token 1); row 1: query 0 attends to position 2 (block token 0)
@@ -324,7 +335,7 @@ def test_a_row_the_drift_test_flags_is_rebuilt_and_sees_the_exact_tokens(monkeyp
     uncached threshold sampler's, and rows 1, 2 the plain cached sampler's, token for token."""
     model = float64_model()
     ids, mask = padded_batch()
-    real, calls = sample.attention_drift, []
+    real, calls = cached_sample.attention_drift, []
 
     def row_zero(attn, built, tracked, reference, gamma, block_start):
         calls.append(1)
@@ -339,7 +350,7 @@ def test_a_row_the_drift_test_flags_is_rebuilt_and_sees_the_exact_tokens(monkeyp
     uncached = run(cache=None) if "threshold" in kw else generate(
         model, ids, mask, gen_length=16, generator=torch.Generator().manual_seed(3),
         **{k: v for k, v in kw.items() if k != "threshold"})
-    monkeypatch.setattr(sample, "attention_drift", row_zero)
+    monkeypatch.setattr(cached_sample, "attention_drift", row_zero)
     flagged = run(cache=cache, cache_drift=0.9)
     assert calls  # the hook ran
     assert torch.equal(flagged[0], uncached[0]) and torch.equal(flagged[1:], plain[1:])
@@ -352,8 +363,8 @@ def test_a_drift_threshold_of_zero_never_rebuilds(monkeypatch):
     model = float64_model()
     ids, mask = padded_batch()
     rebuilt = []
-    real = sample.rebuild_rows
-    monkeypatch.setattr(sample, "rebuild_rows", lambda *a: (rebuilt.append(int(a[-1].sum())), real(*a)))
+    real = cached_sample.rebuild_rows
+    monkeypatch.setattr(cached_sample, "rebuild_rows", lambda *a: (rebuilt.append(int(a[-1].sum())), real(*a)))
     kw = dict(gen_length=16, steps=16, block_length=16, cache="dual")
     assert torch.equal(generate_cached(model, ids, mask, SamplerOptions(cache_drift=1e-9, **kw)),
                        generate_cached(model, ids, mask, SamplerOptions(**kw)))

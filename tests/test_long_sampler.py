@@ -14,7 +14,8 @@ from test_dream_cli import tiny_dream
 from test_sample import EOS, no_mask_model
 
 import sample
-from sample import SamplerOptions, generate, generate_cached
+from sample import SamplerOptions, generate
+from cached_sample import KVCache, generate_cached
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "experiments"))
@@ -88,26 +89,28 @@ def test_a_small_window_is_not_the_exact_sampler(one_thread):
 
 @pytest.mark.parametrize("shifted", [False, True], ids=["llada", "dream"])
 def test_the_windowed_rebuild_writes_the_window_and_keeps_the_rest(shifted, one_thread):
-    """A span forward with kv_write: the span's keys and values are those a plain span forward computes from the
+    """A span forward with write set: the span's keys and values are those a plain span forward computes from the
     same cache, written into it; every other position keeps its cached ones; the hidden states are the plain span
     forward's."""
     model = tiny_dream()[0] if shifted else no_mask_model(seed=3).double()
     x = prompts(2, 40, seed=1, high=40)
-    cache = []
-    model(x, return_hidden=True, kv_cache=cache)
+    cache = KVCache()
+    model(x, return_hidden=True, cache=cache)
     x2 = x.clone()
     x2[:, 10:30] = prompts(2, 20, seed=9, high=40)  # the tokens change inside the span
-    before = [(k.clone(), v.clone()) for ((k, v),) in cache]
-    plain = model(x2[:, 10:30], return_hidden=True, kv_cache=cache, start=10)
-    written = model(x2[:, 10:30], return_hidden=True, kv_cache=cache, start=10, kv_write=True)
+    before = [(k.clone(), v.clone()) for k, v in cache.layers]
+    cache.start = 10
+    plain = model(x2[:, 10:30], return_hidden=True, cache=cache)
+    cache.write = True
+    written = model(x2[:, 10:30], return_hidden=True, cache=cache)
     assert torch.equal(written, plain)
-    for ((k, v),), (k0, v0) in zip(cache, before):
+    for (k, v), (k0, v0) in zip(cache.layers, before):
         assert torch.equal(k[:, :, :10], k0[:, :, :10]) and torch.equal(v[:, :, 30:], v0[:, :, 30:])
         assert not torch.equal(k[:, :, 10:30], k0[:, :, 10:30])
     # layer 0's keys depend on the token and its position only: those written are a fresh forward's
-    full = []
-    model(x2, return_hidden=True, kv_cache=full)
-    assert torch.allclose(cache[0][0][0][:, :, 10:30], full[0][0][0][:, :, 10:30], rtol=0, atol=1e-12)
+    full = KVCache()
+    model(x2, return_hidden=True, cache=full)
+    assert torch.allclose(cache.layers[0][0][:, :, 10:30], full.layers[0][0][:, :, 10:30], rtol=0, atol=1e-12)
 
 
 def test_the_window_is_checked_where_the_options_are():

@@ -22,7 +22,9 @@ import model as M
 import sample
 from longjob import check_adapter, folder_fingerprint
 from model import LLaDA, load_adapter, save_adapter
-from sample import SamplerOptions, diffusion_generate, generate, generate_cached
+from sample import SamplerOptions, generate
+from dream import diffusion_generate
+from cached_sample import generate_cached
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread
 
