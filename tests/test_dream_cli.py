@@ -14,7 +14,8 @@ from test_sample import SETTINGS
 import data
 import eval as E
 import sample
-from model import LLaDA, add_lora, load_adapter, merge_lora, save_adapter
+from adapters import load_adapter, save_adapter
+from model import LLaDA, add_lora, merge_lora
 from sample import SamplerOptions, diffusion_generate, generate, generate_cached, padded_positions
 
 SUDOKU_CSV = ("Puzzle,Solution\n3102200002100320,3142243142131324\n0142243142131320,3142243142131324\n"

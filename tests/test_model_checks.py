@@ -20,8 +20,9 @@ import eval as E
 import gift
 import model as M
 import sample
+from adapters import load_adapter, save_adapter
 from longjob import check_adapter, folder_fingerprint
-from model import LLaDA, load_adapter, save_adapter
+from model import LLaDA
 from sample import SamplerOptions, diffusion_generate, generate, generate_cached
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread
