@@ -12,7 +12,8 @@ The file reads in two parts:
             reused for K epochs), one optimizer step (`train_step`), the loop (`train`), then `main()`. The loop's
             bookkeeping is calls into longjob.py, as torchtitan's trainer calls its checkpointer.
 The long-job machinery (run folders, checkpoints, resume checks, preemption, status.json, locks, fingerprints, the
-metrics log) is longjob.py's. Imports, bottom to top: model.py and data.py; longjob.py; sample.py, eval.py, gift.py.
+metrics log) is longjob.py's. Imports, bottom to top: model.py; data.py and adapters.py; longjob.py; sample.py,
+eval.py, gift.py.
 
 Every objective in the paper is ONE estimator of the weighted loss of Theorem 1 (eq. 10):
 

@@ -2,7 +2,8 @@
 8-GPU run go on for hours, stop at any moment and continue exactly (docs/long_runs.md says what it guarantees).
 Its sections: processes (ranks, collectives), command lines, fingerprints, what a path names, the output folder
 (lock, status.json, preemption), checkpoints (TrainState, CheckpointManager), the metrics log, eval.py's records.
-It imports model.py and data.py only: it is handed names and callables, and never imports the trainer.
+It imports model.py, data.py and adapters.py only: it is handed names and callables, and never imports the
+trainer.
 """
 
 import argparse
@@ -39,9 +40,10 @@ from torch.distributed.checkpoint.metadata import StorageMeta
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
+from adapters import ADAPTER_BASE, load_adapter, read_adapter_config, save_adapter
 from data import EMBEDDED_EVAL, SUDOKU_TASK_PROMPT, make_char_tokenizer
-from model import (ADAPTER_BASE, GENERATION_DEFAULTS, LLaDA, atomic_write_text, load_adapter, merge_lora,
-                   merged_state_dict, read_adapter_config, read_json, save_adapter, unwrap, weight_files)
+from model import (GENERATION_DEFAULTS, LLaDA, atomic_write_text, merge_lora, merged_state_dict, read_json, unwrap,
+                   weight_files)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from safetensors import safe_open
 import gift
 from gift import chunked_cross_entropy, main
 import model as M
-from model import LLaDA, LLaDAConfig, load_adapter, merge_lora
+from adapters import load_adapter
+from model import LLaDA, LLaDAConfig, merge_lora
 from on_model import model_entropy_and_nll
 
 pytestmark = pytest.mark.bf16

@@ -11,15 +11,15 @@ import torch
 from official_sampler import official_generate  # LLaDA's official generate.py, beside this file
 from test_sample import SETTINGS
 
+import cached_sample
 import data
 import eval as E
-import cached_sample
 import sample
-from model import LLaDA, add_lora, load_adapter, merge_lora, save_adapter
-from sample import append_masks, SamplerOptions, generate
-from dream import diffusion_generate
+from adapters import load_adapter, save_adapter
 from cached_sample import KVCache, generate_cached
-from model import padded_positions
+from dream import diffusion_generate
+from model import LLaDA, add_lora, merge_lora, padded_positions
+from sample import SamplerOptions, append_masks, generate
 
 SUDOKU_CSV = ("Puzzle,Solution\n3102200002100320,3142243142131324\n0142243142131320,3142243142131324\n"
               "3142000042131324,3142243142131324\n")

@@ -14,8 +14,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import model as M
-from model import (LLaDA, LLaDAConfig, add_lora, from_pretrained, load_adapter, load_weight_rows, lora_target_names,
-                   merge_lora, merged_state_dict, save_adapter, stored_dtype)
+from adapters import load_adapter, save_adapter
+from model import (LLaDA, LLaDAConfig, add_lora, from_pretrained, load_weight_rows, lora_target_names, merge_lora,
+                   merged_state_dict, stored_dtype)
 
 DREAM = GOLDEN / "dream"
 FOLDERS = dict(gqa=DREAM / "tiny_dream_gqa", tied=DREAM / "tiny_dream_tied")  # as the official save_pretrained wrote them

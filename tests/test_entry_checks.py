@@ -14,13 +14,15 @@ from conftest import latest, train_args
 from test_eval import sudoku_checkpoint
 from test_sample_eval_refusals import model_folder, sample_argv
 
+import adapters
 import data
 import eval as E
 import longjob
 import gift
 import model as model_py
 import sample
-from model import LLaDA, add_lora, save_adapter
+from adapters import save_adapter
+from model import LLaDA, add_lora
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread
 
@@ -82,7 +84,7 @@ def test_eval_and_load_adapter_refuse_a_nan_lora_alpha(tmp_path, capsys, no_weig
     said = refusal(lambda: E.main(argv + ["--adapter", str(tmp_path / "a")]), capsys)
     assert "lora_alpha" in said and "adapter_config.json" in said
     with pytest.raises(ValueError, match="adapter_config.json.*lora_alpha"):
-        model_py.load_adapter(LLaDA.from_pretrained(tmp_path / "ckpt"), tmp_path / "a")
+        adapters.load_adapter(LLaDA.from_pretrained(tmp_path / "ckpt"), tmp_path / "a")
 
 
 def test_an_adapter_config_that_is_not_json_is_one_line(tmp_path, capsys, no_weights):

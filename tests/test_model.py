@@ -9,8 +9,8 @@ from conftest import GOLDEN, assert_float32_close, model_depth, tiny_config, tin
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from model import (LLaDA, LLaDAConfig, LoRALinear, add_lora, load_adapter, lora_disabled, merge_lora, stored_dtype,
-                   save_adapter)
+from adapters import load_adapter, save_adapter
+from model import LLaDA, LLaDAConfig, LoRALinear, add_lora, lora_disabled, merge_lora, stored_dtype
 
 pytestmark = pytest.mark.numerics  # float32 against goldens and other code paths (conftest.py)
 

@@ -20,11 +20,12 @@ import eval as E
 import gift
 import model as M
 import sample
-from longjob import check_adapter, folder_fingerprint
-from model import LLaDA, load_adapter, save_adapter
-from sample import SamplerOptions, generate
-from dream import diffusion_generate
+from adapters import load_adapter, save_adapter
 from cached_sample import generate_cached
+from dream import diffusion_generate
+from longjob import check_adapter, folder_fingerprint
+from model import LLaDA
+from sample import SamplerOptions, generate
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread
 

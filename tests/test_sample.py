@@ -332,7 +332,8 @@ def test_scripted_model_step_by_step(cfg_scale):
 def test_main_chat_and_raw(tmp_path, capsys):
     """python sample.py --model DIR --adapter DIR --prompt ... on a tiny checkpoint with the embedded char tokenizer."""
     data = pytest.importorskip("data")
-    from model import add_lora, save_adapter
+    from adapters import save_adapter
+    from model import add_lora
     tok = data.make_char_tokenizer()
     model_dir, adapter_dir = tmp_path / "model", tmp_path / "adapter"
     n = tok.get_vocab_size()

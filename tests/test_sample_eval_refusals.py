@@ -19,8 +19,9 @@ import data
 import eval as E
 import longjob  # noqa: E402
 import sample
+from adapters import save_adapter
 from gift import main as train
-from model import LLaDA, add_lora, lora_layers, save_adapter
+from model import LLaDA, add_lora, lora_layers
 from longjob import folder_fingerprint
 from sample import SamplerOptions, generate
 from cached_sample import generate_cached

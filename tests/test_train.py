@@ -16,7 +16,8 @@ import gift
 import longjob
 from data import load_tokenizer
 from gift import main, parse_options
-from model import LLaDA, load_adapter
+from adapters import load_adapter
+from model import LLaDA
 
 args = train_args
 
