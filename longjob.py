@@ -1496,18 +1496,3 @@ def append_records(path, records, settings):
     except OSError as e:
         raise OSError(e.errno, f"eval.py: cannot write {path} ({e.strerror}); the items before this batch are "
                                "saved, rerun the same command to continue") from e
-
-
-HARNESS_FIELDS = ("results", "configs", "versions", "config")  # lm-eval's results, as eval.py --harness writes them
-
-
-def check_harness_out(out):
-    """A ValueError unless eval.py --harness may write its results to `out`: a new file in an existing folder, or the
-    results of an earlier eval.py --harness (never a model's config.json, a task's data or a user's JSON)."""
-    if out.is_dir() or not out.parent.is_dir():
-        raise ValueError(f"--out {out}: {'a folder' if out.is_dir() else 'its folder does not exist'}; name a results "
-                         ".json file in an existing folder")
-    if out.exists() and not (set(HARNESS_FIELDS) <= (old := json_or_empty(out)).keys()
-                             and isinstance(old["config"], dict) and old["config"].get("model") in ("GiftLM", "gift")):
-        raise ValueError(f"--out {out}: the file exists and is not the results of eval.py --harness; it would be "
-                         "replaced: name another --out, or move the file away")

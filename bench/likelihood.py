@@ -1,4 +1,4 @@
-"""GiftLM's likelihood estimates (eval.py --harness, lm-eval's model "gift") on a local multiple-choice task, on the
+"""GiftLM's likelihood estimates (harness.py, lm-eval's model "gift") on a local multiple-choice task, on the
 main job's Sudoku model: each held-out puzzle's prompt (eval.build_prompt, the plain style, in the model's chat format)
 with 4 choices, the answer "<answer>SOLUTION</answer>" and three one-cell corruptions of it (a blank cell given another
 digit); the model's pick is the choice of the highest ELBO estimate.
@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repo's top-level files are plain modules
 sys.path.insert(0, str(REPO / "experiments"))
 import eval as E  # noqa: E402
+import harness as H  # noqa: E402
 from data import (EMBEDDED_EVAL, SUDOKU_ANSWER, chat_format, load_tokenizer, make_char_tokenizer,  # noqa: E402
                   tiny_config_for)
 from gift_vs_sft import cpu_name  # noqa: E402
@@ -58,7 +59,7 @@ def requests(qs):
 
 def giftlm(folder, passes, **model_args):
     """GiftLM on the folder, float32, no is_greedy; each forward pass appends its rows to `passes`."""
-    lm = E.GiftLM(model=str(folder), dtype="float32", check_greedy=False, **model_args)
+    lm = H.GiftLM(model=str(folder), dtype="float32", check_greedy=False, **model_args)
     forward = lm.model.forward
     lm.model.forward = lambda x, *a, **k: passes.append(len(x)) or forward(x, *a, **k)
     return lm
@@ -115,7 +116,7 @@ def main(argv=None):
     p.add_argument("--out-dir", default=str(REPO / "bench" / "results"), help="where the .md and .json go")
     a = p.parse_args(argv)
     torch.set_num_threads(1)  # the process CPU time of one thread is the clock
-    E.PROGRESS_SECONDS = float("inf")  # GiftLM's progress lines: the tables say it
+    H.PROGRESS_SECONDS = float("inf")  # GiftLM's progress lines: the tables say it
     if a.smoke:
         folder, tokenizer = Path(tempfile.mkdtemp(prefix="bench-likelihood-")), make_char_tokenizer()
         LLaDA(tiny_config_for(tokenizer, d_model=32, n_heads=2, n_kv_heads=2, n_layers=2, mlp_hidden_size=64,

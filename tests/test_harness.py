@@ -1,4 +1,4 @@
-"""eval.py's GiftLM, the model "gift" of lm-evaluation-harness (optional: pip install -r requirements-extras.txt;
+"""harness.py's GiftLM, the model "gift" of lm-evaluation-harness (optional: pip install -r requirements-extras.txt;
 skipped without it). Offline: the tasks are the local YAMLs of tests/data/harness over small JSONL files, on tiny
 random LLaDA and Dream folders. The likelihood estimator is checked against the exact ELBO, a finite sum over the
 mask sets of a 3-token continuation; generate_until against eval.py's own generations."""
@@ -26,10 +26,18 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 
 import data  # noqa: E402
 import eval as E  # noqa: E402
+import harness as H  # noqa: E402
 from model import LLaDA  # noqa: E402
 from sample import SamplerOptions, shift_right  # noqa: E402
 
 TASKS = REPO / "tests" / "data" / "harness"
+
+
+def elbo_draws(model, context, continuation, mc_num, batch_size, generator, paired=False):
+    """mc_num unbiased draws of the continuation's ELBO (harness.py's estimator), float64 (mc_num,): one request's
+    elbo_rows through elbo_passes (as GiftLM runs them, each request from its own generator)."""
+    rows = H.elbo_rows(context, continuation, mc_num, generator, paired)
+    return torch.tensor(list(H.elbo_passes(model, rows, batch_size)), dtype=torch.float64)
 
 
 @pytest.fixture(autouse=True)
@@ -81,7 +89,7 @@ def test_the_mc_mean_meets_the_exact_elbo(folders, family, one_thread):
     _, model, tokenizer = folders[family]
     context, continuation = data.encode(tokenizer, "say hi"), data.encode(tokenizer, "hi ")
     exact = exact_elbo(model, context, continuation)
-    draws = E.elbo_draws(model, context, continuation, 4096, 256, torch.Generator().manual_seed(0))
+    draws = elbo_draws(model, context, continuation, 4096, 256, torch.Generator().manual_seed(0))
     se = draws.std().item() / math.sqrt(len(draws))
     assert abs(draws.mean().item() - exact) < 4 * se, (draws.mean().item(), exact, se)
     assert se < 0.05 * abs(exact)  # the check has teeth: the standard error is small beside the ELBO
@@ -92,13 +100,13 @@ def test_stratified_counts_are_uniform_and_spread():
     are 1..L each once."""
     g = torch.Generator().manual_seed(0)
     for L, b in ((3, 2), (5, 3), (4, 8)):
-        counts = torch.stack([E.stratified_mask_counts(L, b, g) for _ in range(600)])  # (600, b)
+        counts = torch.stack([H.stratified_mask_counts(L, b, g) for _ in range(600)])  # (600, b)
         assert counts.min() >= 1 and counts.max() <= L
         for j in range(b):
             freq = torch.bincount(counts[:, j], minlength=L + 1)[1:] / 600
             assert (freq - 1 / L).abs().max() < 0.08, (L, b, j, freq)
-    assert sorted(E.stratified_mask_counts(7, 7, g).tolist()) == list(range(1, 8))
-    masks = E.continuation_masks(6, torch.tensor([1, 3, 6]), g)
+    assert sorted(H.stratified_mask_counts(7, 7, g).tolist()) == list(range(1, 8))
+    masks = H.continuation_masks(6, torch.tensor([1, 3, 6]), g)
     assert masks.sum(1).tolist() == [1, 3, 6]
 
 
@@ -109,9 +117,9 @@ def requests_of(kind, args, task="t"):
 def test_loglikelihood_is_seeded_and_reads_is_greedy(folders, one_thread):
     """A rerun gives the same numbers, in any order; is_greedy is True exactly for the greedy continuation."""
     folder, model, tokenizer = folders["llada"]
-    lm = E.GiftLM(model=str(folder), dtype="float64", mc_num=16, batch_size=8)
+    lm = H.GiftLM(model=str(folder), dtype="float64", mc_num=16, batch_size=8)
     for context in ("q: hi\na:", "q: say hi\na:", "q: is ten even\na:", "q: spell cat\na:", "q: name a color\na:"):
-        ids = E.greedy_continuation(model, data.encode(tokenizer, context), 3)  # random weights: ids past the text's
+        ids = H.greedy_continuation(model, data.encode(tokenizer, context), 3)  # random weights: ids past the text's
         greedy = tokenizer.decode(ids, skip_special_tokens=False)            # vocabulary too; take one that reads
         if data.encode(tokenizer, greedy) == ids:
             break
@@ -156,7 +164,7 @@ def test_generate_until_gives_eval_pys_generations(folders, temperature, one_thr
     options = SamplerOptions(gen_length=16, steps=8, block_length=8, temperature=temperature)
     _, records = E.evaluate(model, tokenizer, items, "sudoku", options, batch_size=2, prompt_style="plain",
                             run=E.SeedRun(seed=3))
-    want = [E.cut_at_stops(r["generation"], ["<|eot_id|>", "<|endoftext|>", "</answer>"]) for r in records]
+    want = [H.cut_at_stops(r["generation"], ["<|eot_id|>", "<|endoftext|>", "</answer>"]) for r in records]
     got = [s["resps"][0][0] for s in sorted(out["samples"]["gift_gen"], key=lambda s: s["doc_id"])]
     assert got == want and any(want)
     prompt = out["samples"]["gift_gen"][0]["arguments"][0][0]
@@ -164,10 +172,10 @@ def test_generate_until_gives_eval_pys_generations(folders, temperature, one_thr
 
 
 def test_the_command_line(folders, tmp_path, capsys, one_thread):
-    """python eval.py --harness: the harness's table printed, its results written."""
+    """python harness.py: the harness's table printed, its results written."""
     folder, _, _ = folders["dream"]
-    E.main(["--harness", "--model", str(folder), "--tasks", "gift_mc", "--include-path", str(TASKS), "--mc-num", "2",
-            "--dtype", "float64", "--no-check-greedy", "--out", str(tmp_path / "r.json")])
+    H.harness_main(["--model", str(folder), "--tasks", "gift_mc", "--include-path", str(TASKS), "--mc-num", "2",
+                    "--dtype", "float64", "--no-check-greedy", "--out", str(tmp_path / "r.json")])
     assert "gift_mc" in capsys.readouterr().out
     assert "acc,none" in json.loads((tmp_path / "r.json").read_text())["results"]["gift_mc"]
 
@@ -176,23 +184,24 @@ def test_what_is_not_supported_is_refused_by_name(folders):
     """A task that needs images is refused naming it (the harness's check of the model's MULTIMODAL); a request
     shaped for another model (images after the text) names its task; unknown model_args are named."""
     folder, _, _ = folders["llada"]
-    lm = E.GiftLM(model=str(folder), mc_num=2, max_batch_size=4)  # lm-eval's own key is taken (and not read)
+    lm = H.GiftLM(model=str(folder), mc_num=2, max_batch_size=4)  # lm-eval's own key is taken (and not read)
     with pytest.raises(ValueError, match="must be integers >= 1 \\(no 'auto'\\)"):
-        E.GiftLM(model=str(folder), batch_size="auto")
+        H.GiftLM(model=str(folder), batch_size="auto")
     with pytest.raises(ValueError, match="gift_image"):
         lm_eval.simple_evaluate(model=lm, tasks=["gift_image"], task_manager=TaskManager(include_path=str(TASKS),
                                                                                          include_defaults=False))
     with pytest.raises(ValueError, match="task 'pictures'.*not supported"):
         lm.generate_until(requests_of("generate_until", [("hi", {"until": []}, {"visual": []})], "pictures"))
     with pytest.raises(ValueError, match="unknown model_args mc_nun"):
-        E.GiftLM(model=str(folder), mc_nun=2)
+        H.GiftLM(model=str(folder), mc_nun=2)
 
 
 def test_without_lm_eval_one_line_says_how_to_install_it():
-    """lm-eval hidden: `import eval` works, eval.GiftLM and eval.py --harness say the pip command in one line."""
-    code = ("import sys; sys.modules['lm_eval'] = None; sys.path.insert(0, {repo!r}); import eval\n"
-            "try:\n    eval.GiftLM\nexcept ImportError as e:\n    print(e)\n"
-            "eval.main(['--harness', '--model', 'x', '--tasks', 'y'])").format(repo=str(REPO))
+    """lm-eval hidden: `import eval` and `import harness` work, harness.GiftLM and harness.py's command line say the
+    pip command in one line."""
+    code = ("import sys; sys.modules['lm_eval'] = None; sys.path.insert(0, {repo!r}); import eval, harness\n"
+            "try:\n    harness.GiftLM\nexcept ImportError as e:\n    print(e)\n"
+            "harness.harness_main(['--model', 'x', '--tasks', 'y'])").format(repo=str(REPO))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "pip install -r requirements-extras.txt" in r.stdout, r.stderr
     assert r.stderr.strip().count("\n") == 0 and "pip install -r requirements-extras.txt" in r.stderr

@@ -1,4 +1,4 @@
-"""GiftLM takes the model_args of LLaDA's, Dream's and dllm's lm-eval harnesses (eval.py's THEIR_NAMES and
+"""GiftLM takes the model_args of LLaDA's, Dream's and dllm's lm-eval harnesses (harness.py's THEIR_NAMES and
 THEIR_FIXED; docs/harness.md): their published commands, --model_args parsed by lm-eval's own parser and handed on as
 lm-eval's command line hands them, give the options their names mean there; a value GiftLM cannot honour is refused in
 one line naming it, before the model loads. Tiny model folders stand in for the hub names: no download. Skipped
@@ -15,7 +15,7 @@ from lm_eval.api.registry import get_model  # noqa: E402
 from lm_eval.utils import simple_parse_args_string  # noqa: E402
 from test_harness import tiny_folder  # noqa: E402  (test_harness sets the offline variables)
 
-import eval as E  # noqa: E402
+import harness as H  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread
 
@@ -40,7 +40,7 @@ def no_model(monkeypatch):
     """Loading the model fails the test: refusals come before it."""
     def loaded(*_, **__):
         raise AssertionError("the model loaded before the refusal")
-    monkeypatch.setattr(E, "load_weights", loaded)
+    monkeypatch.setattr(H, "load_weights", loaded)
 
 
 def flags_of(command):
@@ -161,7 +161,7 @@ REFUSED = [  # their arguments at a value GiftLM does not honour (the tiny model
 def test_a_value_we_cannot_honour_is_refused_naming_it(folders, model_args, message, no_model):
     model_args = {k: v.format(**folders) if isinstance(v, str) else v for k, v in model_args.items()}
     with pytest.raises(ValueError) as info:
-        E.GiftLM(**{"model": str(folders["llada"])} | model_args)
+        H.GiftLM(**{"model": str(folders["llada"])} | model_args)
     assert str(info.value).startswith(message) and "\n" not in str(info.value), str(info.value)
 
 
@@ -178,16 +178,16 @@ def test_their_values_that_are_ours_are_taken(folders):
     context there (unset: the model's max_sequence_length)."""
     same = dict(mask_id=48, nll_type="mc", log_type="ftb", sampling_eps=0, classifier_free_guidance=1.0, cfg=0,
                 add_bos_token=False, escape_until=False, suppress_tokens="[]", begin_suppress_tokens=[])
-    assert E.GiftLM(model=str(folders["llada"]), **same).max_length == 256
-    assert E.GiftLM(pretrained=str(folders["dream"]), max_length=128).max_length == 128
+    assert H.GiftLM(model=str(folders["llada"]), **same).max_length == 256
+    assert H.GiftLM(pretrained=str(folders["dream"]), max_length=128).max_length == 128
 
 
 def test_add_bos_token_puts_the_bos_before_every_context(folders):
     """add_bos_token=true (Dream's evaluation sets it): the family's BOS before every likelihood context and prompt,
     and as the empty context; LLaDA's tiny folder has <|startoftext|>."""
     from lm_eval.api.instance import Instance
-    lm = E.GiftLM(model=str(folders["llada"]), add_bos_token=True, mc_num=1)
-    plain = E.GiftLM(model=str(folders["llada"]), mc_num=1)
+    lm = H.GiftLM(model=str(folders["llada"]), add_bos_token=True, mc_num=1)
+    plain = H.GiftLM(model=str(folders["llada"]), mc_num=1)
     bos = lm.tokenizer.token_to_id("<|startoftext|>")
     request = Instance("loglikelihood", {}, ("ab", " cd"), 0)
     request.task_name = "t"

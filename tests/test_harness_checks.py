@@ -1,7 +1,7 @@
-"""eval.py's checks around lm-evaluation-harness (GiftLM, eval.py --harness) and around eval.py's --out files: a
-user's mistake is refused in one line naming the flag, model_arg, task or file, before the model loads (the tests
-make loading it fail); no file eval.py did not write is replaced, truncated or renamed; the likelihood estimate does
-not depend on --batch-size. Skipped without lm-eval (pip install -r requirements-extras.txt)."""
+"""harness.py's checks around lm-evaluation-harness (GiftLM, python harness.py) and eval.py's around its --out files:
+a user's mistake is refused in one line naming the flag, model_arg, task or file, before the model loads (the tests
+make loading it fail); no file eval.py or harness.py did not write is replaced, truncated or renamed; the likelihood
+estimate does not depend on --batch-size. Skipped without lm-eval (pip install -r requirements-extras.txt)."""
 
 import fcntl
 import json
@@ -16,10 +16,11 @@ pytest.importorskip("lm_eval", reason="lm-evaluation-harness is optional: pip in
 import lm_eval.tasks  # noqa: E402
 from conftest import REPO  # noqa: E402
 from test_eval import record_lines, sudoku_checkpoint  # noqa: E402
-from test_harness import TASKS, requests_of, tiny_folder  # noqa: E402  (test_harness sets the offline variables)
+from test_harness import TASKS, elbo_draws, requests_of, tiny_folder  # noqa: E402  (it sets the offline variables)
 
 import data  # noqa: E402
 import eval as E  # noqa: E402
+import harness as H  # noqa: E402
 from model import atomic_write_text  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread
@@ -39,11 +40,13 @@ def folders(tmp_path_factory):
 
 @pytest.fixture
 def no_model(monkeypatch):
-    """Loading the model (or starting torchrun's process group) fails the test: refusals come before it."""
+    """Loading the model (or starting torchrun's process group) fails the test: refusals come before it (eval.py's
+    and harness.py's)."""
     def loaded(*_, **__):
         raise AssertionError("the model loaded before the refusal")
-    monkeypatch.setattr(E, "load_weights", loaded)
-    monkeypatch.setattr(E, "setup_distributed", loaded)
+    for module in (E, H):
+        monkeypatch.setattr(module, "load_weights", loaded)
+        monkeypatch.setattr(module, "setup_distributed", loaded)
 
 
 @pytest.fixture
@@ -64,7 +67,7 @@ def refusal(call, capsys):
 
 
 def harness_argv(folder, *extra, tasks="gift_mc", include=TASKS):
-    return ["--harness", "--model", str(folder), "--tasks", tasks, "--include-path", str(include), "--mc-num", "2",
+    return ["--model", str(folder), "--tasks", tasks, "--include-path", str(include), "--mc-num", "2",
             "--dtype", "float64", "--no-check-greedy", *extra]
 
 
@@ -79,7 +82,7 @@ def task_yaml(folder, name, base="gift_gen", **changes):
 
 
 # -----------------------------------------------------------------------------
-# 1. eval.py --harness --out replaces only the results of an earlier eval.py --harness
+# 1. harness.py --out replaces only the results of an earlier harness.py
 
 
 def test_harness_out_replaces_only_its_own_results(folders, tmp_path, capsys, no_model):
@@ -90,13 +93,13 @@ def test_harness_out_replaces_only_its_own_results(folders, tmp_path, capsys, no
     shutil.copy(TASKS / "gift_mc.jsonl", tmp_path / "tasks" / "gift_mc.jsonl")
     task_yaml(tmp_path / "tasks", "mc_here", "gift_mc", **{str(TASKS / "gift_mc.jsonl"): str(
         tmp_path / "tasks" / "gift_mc.jsonl")})
-    cases = [(user, "not the results of eval.py --harness"), (folder / "config.json", "not the results"),
+    cases = [(user, "not the results of harness.py"), (folder / "config.json", "not the results"),
              (tmp_path / "tasks" / "gift_mc.jsonl", "not the results"), (tmp_path, "a folder"),
              (tmp_path / "no" / "r.json", "its folder does not exist")]
     for out, message in cases:
         before = out.read_bytes() if out.is_file() else None
-        said = refusal(lambda: E.main(harness_argv(folder, "--out", str(out), include=tmp_path / "tasks",
-                                                   tasks="mc_here")), capsys)
+        said = refusal(lambda: H.harness_main(harness_argv(folder, "--out", str(out), include=tmp_path / "tasks",
+                                                           tasks="mc_here")), capsys)
         assert f"--out {out}" in said and message in said, said
         assert (out.read_bytes() if out.is_file() else None) == before
     assert not (tmp_path / "no").exists()
@@ -105,7 +108,7 @@ def test_harness_out_replaces_only_its_own_results(folders, tmp_path, capsys, no
 def test_harness_out_of_an_earlier_run_is_replaced(folders, tmp_path, capsys):
     out = tmp_path / "r.json"
     for _ in range(2):
-        E.main(harness_argv(folders["dream"][0], "--out", str(out)))
+        H.harness_main(harness_argv(folders["dream"][0], "--out", str(out)))
         assert "acc,none" in json.loads(out.read_text())["results"]["gift_mc"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # no temporary file left
 
@@ -165,7 +168,7 @@ def test_atomic_write_text_writes_no_file_but_its_own(tmp_path):
 
 @pytest.mark.parametrize("context, max_gen_toks", [("q: hi", 248), ("q: hi", 1000), ("", 255), ("q: hi" * 60, 64)])
 def test_a_prompt_without_room_for_its_answer_is_refused(folders, context, max_gen_toks):
-    lm = E.GiftLM(model=str(folders["llada"][0]), dtype="float64")  # max_sequence_length 256
+    lm = H.GiftLM(model=str(folders["llada"][0]), dtype="float64")  # max_sequence_length 256
     requests = requests_of("generate_until", [("q: ok", {"until": [], "max_gen_toks": 8}),
                                               (context, {"until": [], "max_gen_toks": max_gen_toks})], "long_one")
     with pytest.raises(ValueError, match="task 'long_one': a prompt of .* tokens \\+ .* to generate exceed the "
@@ -184,12 +187,12 @@ def test_the_elbo_draws_are_the_same_at_any_batch_size(folders, family, monkeypa
     its matrix products otherwise, ~1e-15 here; another mask moves a draw by ~1)."""
     _, model, tokenizer = folders[family]
     context, continuation = data.encode(tokenizer, "q: say hi\na:"), data.encode(tokenizer, " hi there")
-    real, masks = E.continuation_masks, []
-    monkeypatch.setattr(E, "continuation_masks", lambda *a: masks.append(real(*a)) or masks[-1])
+    real, masks = H.continuation_masks, []
+    monkeypatch.setattr(H, "continuation_masks", lambda *a: masks.append(real(*a)) or masks[-1])
     draws = []
     for b in (1, 3, 8, 16):
         masks.clear()
-        draws.append((E.elbo_draws(model, context, continuation, 16, b, torch.Generator().manual_seed(5)),
+        draws.append((elbo_draws(model, context, continuation, 16, b, torch.Generator().manual_seed(5)),
                       torch.cat(masks)))
     for d, m in draws[1:]:
         assert torch.equal(m, draws[0][1])
@@ -212,7 +215,7 @@ def test_a_dream_folder_without_chatml_tokens_is_refused(folders, tmp_path, no_m
                                   if t not in (data.IM_START, data.IM_END)])
     tokenizer.save(str(folder / "tokenizer.json"))
     with pytest.raises(ValueError, match=f"{folder}: its tokenizer has no chat token"):
-        E.GiftLM(model=str(folder))
+        H.GiftLM(model=str(folder))
 
 
 # -----------------------------------------------------------------------------
@@ -250,7 +253,7 @@ BAD_MODEL_ARGS = [
 @pytest.mark.parametrize("model_args, message", BAD_MODEL_ARGS, ids=[str(a) for a, _ in BAD_MODEL_ARGS])
 def test_a_bad_model_arg_is_refused_naming_it(folders, model_args, message, no_model):
     with pytest.raises(ValueError, match="GiftLM: ") as info:
-        E.GiftLM(model=str(folders["llada"][0]), **model_args)
+        H.GiftLM(model=str(folders["llada"][0]), **model_args)
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
@@ -293,7 +296,7 @@ def test_a_bad_harness_flag_or_task_is_refused_naming_it(folders, tmp_path, flag
                                                          local_tasks_only):
     bad_yamls(tmp_path)
     argv = harness_argv(folders["llada"][0]) + [f.replace("{tmp}", str(tmp_path)) for f in flags]
-    said = refusal(lambda: E.main(argv), capsys)
+    said = refusal(lambda: H.harness_main(argv), capsys)
     assert message.replace("{tmp}", str(tmp_path)) in said, said
 
 
@@ -301,14 +304,14 @@ def test_torchrun_ranks_without_a_document_are_refused(folders, monkeypatch, cap
     """lm-eval gives rank r the documents r, r + world, ...: with fewer documents than ranks one would have none (and
     stop with an error while the others wait for it); refused before the process group starts."""
     monkeypatch.setenv("WORLD_SIZE", "4")
-    said = refusal(lambda: E.main(harness_argv(folders["llada"][0], "--limit", "2")), capsys)
+    said = refusal(lambda: H.harness_main(harness_argv(folders["llada"][0], "--limit", "2")), capsys)
     assert "task gift_mc: fewer documents to evaluate (--limit 2.0) than the 4 ranks" in said, said
 
 
 def test_likelihood_requests_report_their_progress(folders, monkeypatch, capsys):
     """A likelihood request is mc_num / batch_size forward passes: rank 0 says how far it is (here after each)."""
-    monkeypatch.setattr(E, "PROGRESS_SECONDS", 0, raising=False)
-    lm = E.GiftLM(model=str(folders["llada"][0]), dtype="float64", mc_num=2, check_greedy=False)
+    monkeypatch.setattr(H, "PROGRESS_SECONDS", 0)
+    lm = H.GiftLM(model=str(folders["llada"][0]), dtype="float64", mc_num=2, check_greedy=False)
     lm.loglikelihood(requests_of("loglikelihood", [("q: hi\na:", " x"), ("q: ok\na:", " y"), ("q\na:", " z")]))
     lm.loglikelihood_rolling(requests_of("loglikelihood_rolling", [("some text",)]))
     out = capsys.readouterr().out

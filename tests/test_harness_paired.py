@@ -1,4 +1,4 @@
-"""eval.py's likelihood draws beyond one request: paired draws (model_arg paired, eval.py --harness --paired-draws: the
+"""harness.py's likelihood draws beyond one request: paired draws (model_arg paired, harness.py --paired-draws: the
 choices of a question share their l and masks) keep each choice's estimate unbiased and cut the noise of a difference;
 the draws of several requests share forward passes with the numbers of one row per pass (float64). Skipped without
 lm-eval (pip install -r requirements-extras.txt)."""
@@ -12,11 +12,11 @@ import torch
 pytest.importorskip("lm_eval", reason="lm-evaluation-harness is optional: pip install -r requirements-extras.txt")
 
 from conftest import REPO  # noqa: E402
-from test_harness import TASKS, exact_elbo, requests_of  # noqa: E402  (it sets the offline variables)
+from test_harness import TASKS, elbo_draws, exact_elbo, requests_of  # noqa: E402  (it sets the offline variables)
 from test_harness_checks import at_repo_root, folders  # noqa: E402, F401  (the fixtures: the repo root, tiny folders)
 
 import data  # noqa: E402
-import eval as E  # noqa: E402
+import harness as H  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thread
 
@@ -24,8 +24,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one torch thr
 
 def paired_draws(model, tokenizer, context, continuations, n, seed=0, paired=True):
     """Each continuation's n draws, all from generators of one seed (paired: a question's choices, as GiftLM draws)."""
-    return [E.elbo_draws(model, data.encode(tokenizer, context), data.encode(tokenizer, c), n, 256,
-                         torch.Generator().manual_seed(seed), paired) for c in continuations]
+    return [elbo_draws(model, data.encode(tokenizer, context), data.encode(tokenizer, c), n, 256,
+                       torch.Generator().manual_seed(seed), paired) for c in continuations]
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
@@ -40,14 +40,14 @@ def test_paired_draws_keep_each_choice_unbiased(folders, family):
         exact = exact_elbo(model, data.encode(tokenizer, context), data.encode(tokenizer, choice))
         se = d.std().item() / math.sqrt(len(d))
         assert abs(d.mean().item() - exact) < 4 * se and se < 0.05 * abs(exact), (choice, d.mean().item(), exact, se)
-    rows = [E.elbo_rows([1], [2] * L, 64, torch.Generator().manual_seed(3), paired=True) for L in (3, 3, 4)]
+    rows = [H.elbo_rows([1], [2] * L, 64, torch.Generator().manual_seed(3), paired=True) for L in (3, 3, 4)]
     assert all(torch.equal(a[1], b[1]) and a[2] == b[2] for a, b in zip(*rows[:2]))  # equal lengths: the same draws
     g = torch.Generator().manual_seed(0)
     for L, b in ((3, 2), (5, 3), (4, 8)):
-        counts = torch.stack([E.stratified_mask_counts(L, b, g, paired=True) for _ in range(600)])  # (600, b)
+        counts = torch.stack([H.stratified_mask_counts(L, b, g, paired=True) for _ in range(600)])  # (600, b)
         freq = torch.stack([torch.bincount(counts[:, j], minlength=L + 1)[1:] / 600 for j in range(b)])  # (b, L)
         assert counts.min() >= 1 and (freq - 1 / L).abs().max() < 0.08, (L, b, freq)
-    masks = E.continuation_masks(4, torch.full((3000,), 2), g, paired=True)  # (3000, 4)
+    masks = H.continuation_masks(4, torch.full((3000,), 2), g, paired=True)  # (3000, 4)
     freq = torch.unique(masks, dim=0, return_counts=True)[1] / 3000
     assert len(freq) == 6 and (freq - 1 / 6).abs().max() < 0.03, freq
 
@@ -67,15 +67,15 @@ def test_paired_draws_cut_the_variance_of_a_difference(folders, family):
 
 def test_giftlm_pairs_the_choices_of_a_question(folders, monkeypatch):
     """model_arg paired: the requests of one context draw the same masks (another context, of the same length, its
-    own); unpaired (the default) each request its own. eval.py --paired-draws sets it; a paired that is no bool is
+    own); unpaired (the default) each request its own. harness.py --paired-draws sets it; a paired that is no bool is
     refused naming it."""
     folder = folders["llada"][0]
-    real, masks = E.elbo_rows, []
-    monkeypatch.setattr(E, "elbo_rows", lambda *a: masks.append(torch.stack([r[1] for r in real(*a)])) or real(*a))
+    real, masks = H.elbo_rows, []
+    monkeypatch.setattr(H, "elbo_rows", lambda *a: masks.append(torch.stack([r[1] for r in real(*a)])) or real(*a))
     args = [("q: hi\na:", " yes"), ("q: hi\na:", " nop"), ("q: ho\na:", " yes")]
     for paired in (False, True):
         masks.clear()
-        E.GiftLM(model=str(folder), dtype="float64", mc_num=8, check_greedy=False, paired=paired).loglikelihood(
+        H.GiftLM(model=str(folder), dtype="float64", mc_num=8, check_greedy=False, paired=paired).loglikelihood(
             requests_of("loglikelihood", args))
         assert torch.equal(masks[0], masks[1]) is paired and not torch.equal(masks[0], masks[2])
 
@@ -84,13 +84,13 @@ def test_giftlm_pairs_the_choices_of_a_question(folders, monkeypatch):
 
     def stop(**model_args):
         raise Stop(model_args["paired"])
-    monkeypatch.setattr(E, "GiftLM", stop)
+    monkeypatch.setattr(H, "GiftLM", stop)
     for flags, paired in (([], False), (["--paired-draws"], True)):
         with pytest.raises(Stop) as info:
-            E.main(["--harness", "--model", str(folder), "--tasks", "gift_mc", "--include-path", str(TASKS), *flags])
+            H.harness_main(["--model", str(folder), "--tasks", "gift_mc", "--include-path", str(TASKS), *flags])
         assert info.value.args == (paired,)
     with pytest.raises(ValueError, match="GiftLM: paired 'maybe': must be true or false"):
-        E.HarnessOptions(str(folder), paired="maybe")
+        H.HarnessOptions(str(folder), paired="maybe")
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
@@ -103,7 +103,7 @@ def test_requests_share_forward_passes_with_the_numbers_of_one_row_per_pass(fold
     texts = [("some text",), ("a" * 300,)]
     got = {}
     for b in (1, 8):
-        lm, passes = E.GiftLM(model=str(folder), dtype="float64", mc_num=5, batch_size=b, check_greedy=False), []
+        lm, passes = H.GiftLM(model=str(folder), dtype="float64", mc_num=5, batch_size=b, check_greedy=False), []
         forward = lm.model.forward
         monkeypatch.setattr(lm.model, "forward", lambda *a, **k: passes.append(len(a[0])) or forward(*a, **k))
         got[b] = ([e for e, _ in lm.loglikelihood(requests_of("loglikelihood", args))]

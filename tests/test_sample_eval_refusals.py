@@ -189,6 +189,17 @@ def test_a_users_mistake_is_one_line_without_traceback(tmp_path, argv, start):
     assert len(lines) == 1 and lines[0].startswith(start.replace("{tmp}", str(tmp_path))), result.stderr
 
 
+def test_eval_py_harness_names_the_new_command(tmp_path):
+    """`python eval.py --harness ...` (lm-evaluation-harness's command before harness.py): exit status 1 and one line
+    naming `python harness.py`, before anything is read (the model folder does not exist)."""
+    env = {"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "eval.py", "--harness", "--model", str(tmp_path / "none"), "--tasks",
+                             "arc_easy"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and result.stdout == "", (result.returncode, result.stdout, result.stderr[-2000:])
+    assert result.stderr.count("\n") == 1 and "`python harness.py ...`" in result.stderr, result.stderr
+    assert result.stderr.startswith("eval.py: error: --harness is gone"), result.stderr
+
+
 # -----------------------------------------------------------------------------
 # Adapters: a gift.py LoRA run with a merged export (cases 4 and 5)
 
