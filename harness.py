@@ -17,7 +17,7 @@ import itertools
 import json
 import os
 import time
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -28,7 +28,7 @@ from eval import BLOCK_LENGTH, sample_answers
 from longjob import (DTYPES, SEED_RULE, SEEDS, add_dtype_flag, add_model_flags, barrier, check_adapter, compute_dtype,
                      end_distributed, find_model, gather_objects, json_or_empty, load_weights, run_command_line,
                      setup_distributed)
-from model import atomic_write_text, read_config, shift_right
+from model import atomic_write_text, check_fields, read_config, shift_right
 from sample import (SamplerOptions, add_sampler_flags, check_sampler_choice, decode_until_stop, folder_defaults,
                     generate, options_from_flags, stop_ids, with_lengths)
 
@@ -58,32 +58,22 @@ except ImportError as e:  # then harness.GiftLM and harness.py say how to instal
 
 @dataclass
 class HarnessOptions:
-    """GiftLM's model_args besides SamplerOptions' (those unset: the folder's generation_defaults.json, the task's)."""
-    model: str  # a model folder, or a checkpoint or run folder (as eval.py's --model)
+    """GiftLM's model_args besides SamplerOptions' (those unset: the folder's generation_defaults.json, the task's),
+    each field's rule in its metadata (model.check_fields): lm-eval's --model_args arrive typed by guess ("maybe",
+    "1.5", "cuda:0" on any machine), so every one is checked before the model loads."""
+    model: str = field(metadata=dict(what="a model folder"))  # or a checkpoint or run folder (as eval.py's --model)
     adapter: str = None  # a LoRA adapter folder, merged before sampling
-    dtype: str = "auto"  # auto, float32, bfloat16, float64
+    dtype: str = field(default="auto", metadata=dict(choices=DTYPES + ("float64",)))
     device: str = None  # one process only: torchrun's ranks each take their own
-    batch_size: int = 8  # prompts per generate call, and likelihood draws per forward pass
-    mc_num: int = 128  # likelihood draws per request
-    seed: int = 0  # of the likelihood draws and of sampling
+    batch_size: int = field(default=8, metadata=dict(range="[1, inf)", what="must be an integer >= 1 (no 'auto')"))
+    mc_num: int = field(default=128, metadata=dict(range="[1, inf)", what="must be an integer >= 1"))  # draws/request
+    seed: int = field(default=0, metadata=dict(range=f"[0, {len(SEEDS)})", what=f"must be {SEED_RULE}"))
     check_greedy: bool = True  # False: is_greedy is always False, without its L extra passes
     paired: bool = False  # the choices of a question (one context) share their likelihood draws (paired, above)
     add_bos_token: bool = False  # every context starts with the family's BOS token (Dream's evaluation sets it)
 
-    def __post_init__(self):  # lm-eval's --model_args arrive typed by guess: "maybe", "1.5", "cuda:0" on any machine
-        if not all(type(n) is int and n >= 1 for n in (self.batch_size, self.mc_num)):
-            raise ValueError(f"GiftLM: batch_size {self.batch_size!r} and mc_num {self.mc_num!r} must be integers >= 1 "
-                             "(no 'auto')")
-        if type(self.seed) is not int or self.seed not in SEEDS:
-            raise ValueError(f"GiftLM: seed {self.seed!r}: must be {SEED_RULE}")
-        if self.dtype not in DTYPES + ("float64",):
-            raise ValueError(f"GiftLM: dtype {self.dtype!r}: must be one of {', '.join(DTYPES)}, float64")
-        for name in ("check_greedy", "paired", "add_bos_token"):
-            if type(getattr(self, name)) is not bool:
-                raise ValueError(f"GiftLM: {name} {getattr(self, name)!r}: must be true or false")
-        if not all(isinstance(v, str) for v in (self.model, self.adapter or "", self.device or "")):
-            raise ValueError(f"GiftLM: model {self.model!r}, adapter {self.adapter!r}, device {self.device!r}: must be "
-                             "strings (folders, a device name)")
+    def __post_init__(self):
+        check_fields(self, lambda name: f"GiftLM: {name} {getattr(self, name)!r}")
         try:
             device = torch.device(self.device or "cpu")
         except RuntimeError:  # not a device name

@@ -235,17 +235,17 @@ def test_shot_data_that_is_the_test_file_is_refused(tmp_path, capsys, no_model):
 # 7. Rough model_args and flags, each refused in one line before the model loads
 
 BAD_MODEL_ARGS = [
-    (dict(dtype="foo"), "dtype 'foo': must be one of auto, bfloat16, float32, float64"),
-    (dict(check_greedy="maybe"), "check_greedy 'maybe': must be true or false"),
-    (dict(check_greedy=1), "check_greedy 1: must be true or false"),
+    (dict(dtype="foo"), "dtype 'foo'; expected one of ('auto', 'bfloat16', 'float32', 'float64')"),
+    (dict(check_greedy="maybe"), "check_greedy 'maybe': expected true or false"),
+    (dict(check_greedy=1), "check_greedy 1: expected true or false"),
     (dict(device="cuda:%d" % torch.cuda.device_count()), "device 'cuda:"),
     (dict(device="gpu"), "device 'gpu': not a device of this machine"),
-    (dict(seed="3"), "seed '3': must be in [0, 1000000)"),
-    (dict(seed=1.5), "seed 1.5: must be"),
+    (dict(seed="3"), "seed '3': expected an integer"),
+    (dict(seed=1.5), "seed 1.5: expected an integer"),
     (dict(seed=2 ** 70), f"seed {2 ** 70}: must be"),
-    (dict(seed=True), "seed True: must be"),
-    (dict(mc_num=True), "mc_num True must be integers >= 1"),
-    (dict(mc_num=2.0), "mc_num 2.0 must be integers >= 1"),
+    (dict(seed=True), "seed True: expected an integer"),
+    (dict(mc_num=True), "mc_num True: expected an integer"),
+    (dict(mc_num=2.0), "mc_num 2.0: expected an integer"),
     (dict(adapter=5), "adapter 5"),
 ]
 
@@ -287,7 +287,7 @@ BAD_HARNESS_FLAGS = [
     (["--include-path", "{tmp}", "--tasks", "unrendered"], "--tasks unrendered: lm-eval cannot load it (Template"),
     (["--include-path", "{tmp}", "--tasks", "no_tokens"], "task 'no_tokens': max_gen_toks 0: must be an integer"),
     (["--seed", str(10 ** 7)], f"seed {10 ** 7}: must be in"),
-    (["--mc-num", "0"], "mc_num 0 must be integers >= 1"),
+    (["--mc-num", "0"], "mc_num 0: must be an integer >= 1"),
 ]
 
 

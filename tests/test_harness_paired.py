@@ -89,7 +89,7 @@ def test_giftlm_pairs_the_choices_of_a_question(folders, monkeypatch):
         with pytest.raises(Stop) as info:
             H.harness_main(["--model", str(folder), "--tasks", "gift_mc", "--include-path", str(TASKS), *flags])
         assert info.value.args == (paired,)
-    with pytest.raises(ValueError, match="GiftLM: paired 'maybe': must be true or false"):
+    with pytest.raises(ValueError, match="GiftLM: paired 'maybe': expected true or false"):
         H.HarnessOptions(str(folder), paired="maybe")
 
 

@@ -1,8 +1,11 @@
-"""The repository's layout: the top-level files import each other in one direction only, bottom to top model.py and
-data.py, then longjob.py, then sample.py, eval.py and gift.py, and harness.py on top, imported by none of them (every
-import counts, the ones inside functions too: a lazy import is still a cycle); and every script under bench/ and
-experiments/ imports without starting work and names only what the top-level files define (a script calling a
-function that was moved or renamed fails here, not in a user's hands hours into a run)."""
+"""The repository's layout. The five card files (model.py, data.py, sample.py, eval.py, gift.py) hold the card;
+each capability beyond it is one flat file beside them, which imports them. Every top-level file has its place in
+ORDER and imports only files below it (every import counts, the ones inside functions too: a lazy import is still a
+cycle), so harness.py, on top, is imported by none; a card file imports a capability's file only where the card's own
+job needs it (CARD_USES); and sample.py's exact sampler, the part readers copy, imports only torch and model.py.
+Also: every script under bench/ and experiments/ imports without starting work and names only what the top-level
+files define (a script calling a function that was moved or renamed fails here, not in a user's hands hours into a
+run)."""
 
 import ast
 import importlib
@@ -13,33 +16,43 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-# what each top-level file may import of the others (files not named here: anything, as long as there is no cycle)
-MAY_IMPORT = dict(model=set(), adapters={"model"}, data={"model"}, longjob={"model", "data", "adapters"})
-MUST_NOT_IMPORT = dict(sample={"gift", "eval"}, eval={"gift"})
-IMPORTED_BY_NONE = {"harness"}  # the top: lm-evaluation-harness's command line and model, imported by no other file
+# bottom to top: a file may import only the files before it (a new top-level file must be given its place here)
+ORDER = ("model", "adapters", "dream", "data", "longjob", "sample", "cached_sample", "eval", "embedded", "gift",
+         "harness")
+CARD = ("model", "data", "sample", "eval", "gift")
+# the capability files a card file may import (the long-job machinery and the PEFT files are every card file's)
+CARD_USES = dict(data={"dream"}, sample={"dream"}, eval={"cached_sample"}, gift={"embedded"})
+MACHINERY = {"longjob", "adapters"}
+EXACT_SAMPLER_END = "# The options of every sampler"  # sample.py: the exact sampler is everything above this banner
+EXACT_SAMPLER_IMPORTS = {"torch", "torch.nn.functional", "model"}
 
 
 # -----------------------------------------------------------------------------
 # The import graph of the top-level files
 
 
+def imports(tree):
+    """[(module as written, line)] for every import statement anywhere in the tree (functions, try / if blocks)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.module, node.lineno))
+    return found
+
+
 def import_edges(folder):
     """{module: {imported module: first line}} for the .py files directly in `folder`: every import statement
-    anywhere in each file (module level, functions, try / if blocks), kept when it names another of these files."""
+    anywhere in each file, kept when it names another of these files."""
     files = {p.stem: p for p in sorted(Path(folder).glob("*.py"))}
     edges = {}
     for name, path in files.items():
         edges[name] = {}
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name.split(".")[0] for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [node.module.split(".")[0]]
-            else:
-                continue
-            for target in targets:
-                if target in files and (target not in edges[name] or node.lineno < edges[name][target]):
-                    edges[name][target] = node.lineno
+        for module, line in imports(ast.parse(path.read_text(), str(path))):
+            target = module.split(".")[0]
+            if target in files and (target not in edges[name] or line < edges[name][target]):
+                edges[name][target] = line
     return edges
 
 
@@ -64,6 +77,19 @@ def find_cycles(edges):
     return cycles
 
 
+def exact_sampler_errors(folder):
+    """sample.py's exact sampler (above EXACT_SAMPLER_END) importing anything but torch and model.py."""
+    path = Path(folder) / "sample.py"
+    if not path.exists():
+        return []
+    text = path.read_text()
+    end = text[:text.index(EXACT_SAMPLER_END)].count("\n") + 1 if EXACT_SAMPLER_END in text else None
+    if end is None:
+        return [f"sample.py: no banner {EXACT_SAMPLER_END!r} ending the exact sampler"]
+    return [f"sample.py:{line}: the exact sampler imports {module} (only torch and model.py)"
+            for module, line in imports(ast.parse(text)) if line < end and module not in EXACT_SAMPLER_IMPORTS]
+
+
 def layout_errors(folder):
     """What breaks the intended order in `folder`'s top-level files, one string per cycle or forbidden edge, each
     naming its files and lines ('gift.py:2032 -> eval'); [] when the layout holds."""
@@ -74,28 +100,33 @@ def layout_errors(folder):
 
     errors = [f"cycle {' -> '.join(c)} ({', '.join(edge(a, b) for a, b in zip(c, c[1:]))})"
               for c in find_cycles(edges)]
-    for name, targets in edges.items():
-        top = sorted(IMPORTED_BY_NONE & set(targets))
-        if top:  # one rule for every file (the others' rules below then leave these edges out)
-            errors.append(f"{name}.py imports {', '.join(top)}, which no top-level file may import: "
-                          f"{', '.join(edge(name, t) for t in top)}")
-        targets = {t: line for t, line in targets.items() if t not in IMPORTED_BY_NONE}
-        allowed = MAY_IMPORT.get(name)
-        banned = {t for t in targets
-                  if t in MUST_NOT_IMPORT.get(name, ()) or (allowed is not None and t not in allowed)}
-        if banned:
-            rule = (f"may import only {', '.join(sorted(allowed))}" if allowed else "may import no project file"
-                    ) if allowed is not None else f"must not import {' or '.join(sorted(MUST_NOT_IMPORT[name]))}"
-            errors.append(f"{name}.py {rule}: {', '.join(edge(name, t) for t in sorted(banned))}")
-    return errors
+    for name, targets in sorted(edges.items()):
+        if name not in ORDER:
+            errors.append(f"{name}.py has no place in the layout: add it to ORDER")
+            continue
+        above = sorted(t for t in targets if t in ORDER and ORDER.index(t) > ORDER.index(name))
+        if above:
+            errors.append(f"{name}.py imports a file above it: {', '.join(edge(name, t) for t in above)}")
+        if name in CARD:
+            extra = sorted(t for t in targets if t not in CARD and t not in MACHINERY | CARD_USES.get(name, set()))
+            if extra:
+                errors.append(f"{name}.py, a card file, imports a capability's file: "
+                              f"{', '.join(edge(name, t) for t in extra)}")
+    return errors + exact_sampler_errors(folder)
 
 
 def test_the_top_level_files_import_in_one_direction():
-    """model.py and data.py at the bottom, longjob.py above them, sample.py, eval.py and gift.py on top; no cycle,
-    not even through an import inside a function (gift.py importing eval.py in main while eval.py imports, through
-    sample.py, gift.py is one)."""
+    """Every file in its place, no cycle (not even through an import inside a function), the card files importing
+    only the capabilities their job needs, the exact sampler only torch and model.py."""
     errors = layout_errors(REPO)
     assert not errors, "import layout: " + "; ".join(errors)
+
+
+def test_every_top_level_file_has_its_line_in_the_readme():
+    """Each top-level file's job is one row of the README's table (`| `name.py` | ... |`)."""
+    readme = (REPO / "README.md").read_text()
+    missing = [p.name for p in sorted(REPO.glob("*.py")) if f"| `{p.name}` |" not in readme]
+    assert not missing, f"README.md's table has no row for {', '.join(missing)}"
 
 
 def write_files(folder, files):
@@ -106,13 +137,17 @@ def write_files(folder, files):
 
 # the intended layout, each kind of import once: module level, in a function, in try / if blocks, `import a.b`
 GOOD = dict(model="import math\n",
-            data="import json\n\ndef config():\n    from model import math  # here, not at the top\n",
-            longjob="import data\ntry:\n    import model.sub\nexcept ImportError:\n    pass\n",
-            sample="from longjob import x\nfrom model import y\n",
-            eval="import sample, data\nif True:\n    from longjob import z\n",
-            gift="import sample\n\ndef main():\n    from eval import evaluate\n",
-            harness="import eval, sample\nfrom longjob import run_command_line\n",
-            notes="import os\n")  # not a project module's name: left alone
+            adapters="from model import m\n",
+            dream="import torch\nfrom model import m\n",
+            data="import json\n\ndef config():\n    from dream import d  # here, not at the top\n",
+            longjob="import data\ntry:\n    import model.sub\nexcept ImportError:\n    pass\nimport adapters\n",
+            sample="import torch\nimport torch.nn.functional as F\nfrom model import y\n"
+                   f"{EXACT_SAMPLER_END}\nfrom longjob import x\nimport dream\n",
+            cached_sample="from sample import generate\n",
+            eval="import sample, data\nif True:\n    from longjob import z\nimport cached_sample\n",
+            embedded="import eval\n",
+            gift="import sample\n\ndef main():\n    from embedded import evaluate\n",
+            harness="import eval, sample\nfrom longjob import run_command_line\n")
 
 
 def test_the_checker_passes_the_intended_layout(tmp_path):
@@ -120,30 +155,31 @@ def test_the_checker_passes_the_intended_layout(tmp_path):
     folder = write_files(tmp_path, GOOD)
     assert layout_errors(folder) == []
     assert {a: set(b) for a, b in import_edges(folder).items()} == dict(
-        model=set(), data={"model"}, longjob={"data", "model"}, sample={"longjob", "model"},
-        eval={"sample", "data", "longjob"}, gift={"sample", "eval"}, harness={"eval", "sample", "longjob"},
-        notes=set())
+        model=set(), adapters={"model"}, dream={"model"}, data={"dream"}, longjob={"data", "model", "adapters"},
+        sample={"model", "longjob", "dream"}, cached_sample={"sample"}, eval={"sample", "data", "longjob",
+        "cached_sample"}, embedded={"eval"}, gift={"sample", "embedded"}, harness={"eval", "sample", "longjob"})
 
 
 def test_the_checker_finds_a_cycle_through_a_function_level_import(tmp_path):
-    """A cycle closed by an import inside a function is a cycle, reported with its path and lines; here it breaks
-    no other rule (notes.py is no layer), so the cycle alone is what fails."""
-    folder = write_files(tmp_path, dict(GOOD, notes="def f():\n    if True:\n        import gift\n",
-                                        gift="import notes\nimport sample\n"))
-    assert layout_errors(folder) == ["cycle gift -> notes -> gift (gift.py:1 -> notes, notes.py:3 -> gift)"]
+    """A cycle closed by an import inside a function is a cycle, reported with its path and lines (with the edge
+    that runs up the order)."""
+    folder = write_files(tmp_path, dict(GOOD, embedded="def f():\n    if True:\n        import gift\n"))
+    errors = layout_errors(folder)
+    assert "cycle embedded -> gift -> embedded (embedded.py:3 -> gift, gift.py:4 -> embedded)" in errors
+    assert "embedded.py imports a file above it: embedded.py:3 -> gift" in errors
 
 
 BROKEN = dict(  # each rule broken once: (the file's new text, the message)
-    model=("def f():\n    import data\n", "model.py may import no project file: model.py:2 -> data"),
-    data=("import model\nimport longjob\n", "data.py may import only model: data.py:2 -> longjob"),
-    longjob=("import data\nfrom sample import s\n",
-             "longjob.py may import only adapters, data, model: longjob.py:2 -> sample"),
-    sample=("import longjob\nfrom gift import uniforms\n",
-            "sample.py must not import eval or gift: sample.py:2 -> gift"),
-    eval=("import sample\ntry:\n    import gift\nexcept ImportError:\n    pass\n",
-          "eval.py must not import gift: eval.py:3 -> gift"),
+    model=("def f():\n    import data\n", "model.py imports a file above it: model.py:2 -> data"),
+    data=("import model\nimport longjob\n", "data.py imports a file above it: data.py:2 -> longjob"),
+    sample=(GOOD["sample"] + "import cached_sample\n",
+            "sample.py, a card file, imports a capability's file: sample.py:7 -> cached_sample"),
+    eval=("import sample\ntry:\n    import harness\nexcept ImportError:\n    pass\n",
+          "eval.py imports a file above it: eval.py:3 -> harness"),
     gift=("import sample\n\ndef main():\n    from harness import GiftLM\n",
-          "gift.py imports harness, which no top-level file may import: gift.py:4 -> harness"))
+          "gift.py imports a file above it: gift.py:4 -> harness"),
+    notes=("import os\n", "notes.py has no place in the layout: add it to ORDER"),
+    dream=("import torch\nimport data\n", "dream.py imports a file above it: dream.py:2 -> data"))
 
 
 @pytest.mark.parametrize("name", list(BROKEN))
@@ -153,7 +189,18 @@ def test_the_checker_names_an_edge_against_the_order(tmp_path, name):
     text, expected = BROKEN[name]
     errors = layout_errors(write_files(tmp_path, dict(GOOD, **{name: text})))
     assert expected in errors
-    assert all(e == expected or e.startswith("cycle ") for e in errors)
+    culprit = expected.rsplit(": ", 1)[1]  # the edge, 'sample.py:7 -> cached_sample' (or the file's own rule)
+    assert all(culprit in e or e.startswith("cycle ") for e in errors), errors
+
+
+@pytest.mark.parametrize("bad", ["from data import encode\n", "import longjob\n", "    import json\n"])
+def test_the_exact_sampler_imports_only_torch_and_model(tmp_path, bad):
+    """An import of anything but torch and model.py above the banner, at any depth, is named with its line."""
+    text = "import torch\nfrom model import y\n" + ("def f():\n" if bad.startswith(" ") else "") + bad
+    folder = write_files(tmp_path, dict(GOOD, sample=text + GOOD["sample"].split("import y\n", 1)[1]))
+    module = bad.split()[1]
+    assert layout_errors(folder) == [f"sample.py:{3 + bad.startswith(' ')}: the exact sampler imports {module} "
+                                     "(only torch and model.py)"]
 
 
 # -----------------------------------------------------------------------------
