@@ -1,17 +1,19 @@
 """PEFT's LoRA adapter folders, written and read (adapter_config.json + adapter_model.safetensors, PEFT's format and
 names), so that adapters move between this code and PEFT on the official LLaDA and Dream-v0 models: save_adapter writes
 one, read_adapter_config checks its adapter_config.json before any weight loads, load_adapter adds the LoRA layers
-(model.add_lora) and fills them. The LoRA itself is model.py's; this file imports model.py only.
+(PEFT's matching rules, add_peft_lora, on model.add_lora) and fills them. The LoRA itself is model.py's; this file imports model.py only.
 """
 
 import json
 import math
+import re
 from pathlib import Path
 
 import torch
+import torch.nn as nn
 from safetensors.torch import save_file
 
-from model import PEFT_OPTIONS, add_lora, atomic_folder, lora_layers, lora_target_names, open_weights, read_json
+from model import LoRALinear, add_lora, atomic_folder, lora_layers, open_weights, read_json
 
 # PEFT's on-disk names (base_model.model.<module name>.lora_A.weight): adapters move between this code and PEFT
 _PEFT_PREFIX = "base_model.model."
@@ -23,6 +25,64 @@ PEFT_UNSUPPORTED = ("use_dora", "fan_in_fan_out", "modules_to_save", "layer_repl
 
 
 ADAPTER_BASE = "adapter_base.json"  # save_adapter's record of the base the adapter was trained on
+
+
+# PEFT's adapter_config.json fields besides r, alpha, dropout and target_modules that this code computes
+PEFT_OPTIONS = ("rank_pattern", "alpha_pattern", "use_rslora", "layers_to_transform", "layers_pattern")
+
+
+def peft_target_names(model, targets, layers_to_transform=None, layers_pattern=None, checkpoint_names_only=False):
+    """The names of the linear layers an adapter goes on, matched as PEFT matches them: `targets` a string is a
+    regex matching a module's whole name; a list is model.lora_target_names' rule. layers_to_transform (int or list)
+    keeps the matches whose name holds "<layers_pattern>.<index>." (any "<word>.<index>." without a pattern) with
+    that index: never the head. A module answers to our name and to its checkpoint's, or with checkpoint_names_only
+    to the checkpoint's alone, as PEFT on the official model matches."""
+    aliases = {n: {model.config.checkpoint_name(n)} | (set() if checkpoint_names_only else {n})
+               for n, m in model.named_modules() if isinstance(m, (nn.Linear, LoRALinear))}
+    if isinstance(targets, str):
+        return [n for n, names in aliases.items() if any(re.fullmatch(targets, a) for a in names)]
+    chosen = [n for n, names in aliases.items()
+              if any(a in targets or any(a.endswith("." + t) for t in targets) for a in names)]
+    if layers_to_transform is None or layers_to_transform == []:
+        return chosen
+    wanted = [layers_to_transform] if isinstance(layers_to_transform, int) else list(layers_to_transform)
+    patterns = [layers_pattern] if isinstance(layers_pattern, str) else list(layers_pattern or [])
+    kept = []
+    for n in chosen:
+        found = ([re.match(rf".*\.{pat}\.(\d+)\.", a) for pat in patterns for a in aliases[n]] if patterns
+                 else [re.match(r".*\.[^.]*\.(\d+)\.", a) for a in aliases[n]])
+        index = next((int(f.group(1)) for f in found if f), None)
+        if index is not None and index in wanted:
+            kept.append(n)
+    return kept
+
+
+def peft_pattern(model, patterns, name, default):
+    r"""PEFT's rank_pattern / alpha_pattern for module `name`: the value of the key equal to its checkpoint name, else
+    of the first key that matches its end as a regex ("(.*\.)?key$"); else the same for our name; else `default`."""
+    patterns = patterns or {}
+    for n in (name, model.config.checkpoint_name(name)):  # the checkpoint's name, tried last, wins
+        default = patterns[n] if n in patterns else next(
+            (v for k, v in patterns.items() if re.match(rf"(.*\.)?{k}$", n)), default)
+    return default
+
+
+def add_peft_lora(model, r, alpha, dropout, targets, generator=None, **peft):
+    """model.add_lora with PEFT's matching and options (PEFT_OPTIONS, as adapter_config.json names them):
+    rank_pattern / alpha_pattern give some modules their own rank / alpha (a key may use our name or the
+    checkpoint's), use_rslora scales by alpha / sqrt(r), layers_to_transform / layers_pattern restrict the blocks.
+    model.lora_config keeps them, so that save_adapter writes the targets as given."""
+    if unknown := set(peft) - set(PEFT_OPTIONS):
+        raise TypeError(f"add_peft_lora: unknown options {sorted(unknown)}; PEFT's are {PEFT_OPTIONS}")
+    which, pattern = peft.get("layers_to_transform"), peft.get("layers_pattern")
+    names = peft_target_names(model, targets, which, pattern)
+    if not names:
+        raise ValueError(f"LoRA targets {targets!r} (layers {which!r}) match no linear layer of the model")
+    add_lora(model, r, alpha, dropout, names, generator, use_rslora=bool(peft.get("use_rslora")),
+             ranks={n: peft_pattern(model, peft.get("rank_pattern"), n, r) for n in names},
+             alphas={n: peft_pattern(model, peft.get("alpha_pattern"), n, alpha) for n in names})
+    model.lora_config |= dict(targets=targets, layers_to_transform=which, layers_pattern=pattern)
+    return model
 
 
 def save_adapter(model, path, base_model_name_or_path="", state=None, base_fingerprint=""):
@@ -39,7 +99,7 @@ def save_adapter(model, path, base_model_name_or_path="", state=None, base_finge
     tensors = {f"{_PEFT_PREFIX}{name_of(name)}.lora_{ab}.weight": state[f"{name}.lora_{ab}"].detach().contiguous().cpu()
                for name, _ in layers for ab in "AB"}  # lora_A (r, in), lora_B (out, r)
     targets, which, pattern = cfg["targets"], cfg.get("layers_to_transform"), cfg.get("layers_pattern")
-    if lora_target_names(model, targets, which, pattern, checkpoint_names_only=True) != [n for n, _ in layers]:
+    if peft_target_names(model, targets, which, pattern, checkpoint_names_only=True) != [n for n, _ in layers]:
         targets, which, pattern = [name_of(n) for n, _ in layers], None, None  # e.g. our "attn_out" on Dream
     adapter_config = {
         "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": cfg["r"], "lora_alpha": cfg["alpha"],
@@ -105,13 +165,13 @@ def read_adapter_config(path):
 
 
 def load_adapter(model, path):
-    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding the LoRA layers (add_lora) if it has none;
+    """Load a PEFT LoRA adapter (ours or PEFT's) into `model`, adding the LoRA layers (add_peft_lora) if it has none;
     adapter_config.json checked first (read_adapter_config)."""
     path = Path(path)
     cfg = read_adapter_config(path)
     if not lora_layers(model):
-        add_lora(model, r=cfg["r"], alpha=cfg["lora_alpha"], dropout=cfg.get("lora_dropout", 0.0),
-                 targets=cfg["target_modules"], **{k: cfg.get(k) for k in PEFT_OPTIONS})
+        add_peft_lora(model, cfg["r"], cfg["lora_alpha"], cfg.get("lora_dropout", 0.0), cfg["target_modules"],
+                      **{k: cfg.get(k) for k in PEFT_OPTIONS})
     with open_weights(path / "adapter_model.safetensors") as f:
         # PEFT sometimes writes the adapter name into the key ("lora_A.default.weight"); accept both
         tensors = {k.replace(".default.weight", ".weight"): f.get_tensor(k) for k in f.keys()}

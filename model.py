@@ -886,63 +886,24 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_o
            "down_proj", "lm_head")
 
 
-def lora_target_names(model, targets, layers_to_transform=None, layers_pattern=None, checkpoint_names_only=False):
-    """The names of the linear layers an adapter goes on, matched as PEFT matches them: `targets` a string is a
-    regex matching a module's whole name; a list matches a name in it or ending in "." + an entry (so "ff_out" is
-    every block's MLP output AND the LM head, as in PEFT). layers_to_transform (int or list) keeps the matches whose
-    name holds "<layers_pattern>.<index>." (any "<word>.<index>." without a pattern) with that index: never the head.
-    A module answers to our name and to its checkpoint's (Dream: "model.layers.0.self_attn.o_proj"), or with
-    checkpoint_names_only to the checkpoint's alone, as PEFT on the official model matches."""
-    aliases = {n: {model.config.checkpoint_name(n)} | (set() if checkpoint_names_only else {n})
-               for n, m in model.named_modules() if isinstance(m, (nn.Linear, LoRALinear))}
-    if isinstance(targets, str):
-        return [n for n, names in aliases.items() if any(re.fullmatch(targets, a) for a in names)]
-    chosen = [n for n, names in aliases.items()
-              if any(a in targets or any(a.endswith("." + t) for t in targets) for a in names)]
-    if layers_to_transform is None or layers_to_transform == []:
-        return chosen
-    wanted = [layers_to_transform] if isinstance(layers_to_transform, int) else list(layers_to_transform)
-    patterns = [layers_pattern] if isinstance(layers_pattern, str) else list(layers_pattern or [])
-    kept = []
-    for n in chosen:
-        found = ([re.match(rf".*\.{pat}\.(\d+)\.", a) for pat in patterns for a in aliases[n]] if patterns
-                 else [re.match(r".*\.[^.]*\.(\d+)\.", a) for a in aliases[n]])
-        index = next((int(f.group(1)) for f in found if f), None)
-        if index is not None and index in wanted:
-            kept.append(n)
-    return kept
-
-
-PEFT_OPTIONS = ("rank_pattern", "alpha_pattern", "use_rslora", "layers_to_transform", "layers_pattern")
+def lora_target_names(model, targets):
+    """The names of the linear layers an adapter goes on: those whose name, ours or its checkpoint's (Dream:
+    "model.layers.0.self_attn.o_proj"), is an entry of `targets` or ends in "." + one, as PEFT matches a list (so
+    "ff_out" is every block's MLP output AND the LM head). PEFT's other rules (a regex, layers_to_transform): adapters.py."""
+    return [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, LoRALinear))
+            and any(a in targets or any(a.endswith("." + t) for t in targets) for a in (n, model.config.checkpoint_name(n)))]
 
 
 def add_lora(model, r=LORA["r"], alpha=LORA["alpha"], dropout=LORA["dropout"], targets=LORA_TARGETS, generator=None,
-             **peft):
-    """Replace the target linears (lora_target_names: PEFT's matching) by LoRALinear and freeze everything else.
-    peft: PEFT's other adapter_config.json fields (PEFT_OPTIONS), as PEFT reads them: rank_pattern / alpha_pattern
-    give some modules their own rank / alpha (a key may use our name or the checkpoint's),
-    use_rslora scales by alpha / sqrt(r), layers_to_transform / layers_pattern restrict the blocks."""
-    if unknown := set(peft) - set(PEFT_OPTIONS):
-        raise TypeError(f"add_lora: unknown options {sorted(unknown)}; PEFT's are {PEFT_OPTIONS}")
-    rank_pattern, alpha_pattern, use_rslora, layers_to_transform, layers_pattern = (
-        peft.get(k) for k in PEFT_OPTIONS)
-    use_rslora = bool(use_rslora)
+             ranks=None, alphas=None, use_rslora=False):
+    """Replace the target linears (lora_target_names) by LoRALinear (A drawn from `generator`) and freeze everything
+    else. ranks / alphas: {module name: its own r / alpha} (PEFT's rank_pattern / alpha_pattern, adapters.py);
+    use_rslora: scale by alpha / sqrt(r), PEFT's rsLoRA."""
     for p in model.parameters():
         p.requires_grad_(False)
-    names = lora_target_names(model, targets, layers_to_transform, layers_pattern)
+    names = lora_target_names(model, targets)
     if not names:
-        raise ValueError(f"LoRA targets {targets!r} (layers {layers_to_transform!r}) match no linear layer of the "
-                         "model")
-
-    def pattern(patterns, name, default):
-        r"""PEFT's rank_pattern / alpha_pattern: the value of the key equal to the module's checkpoint name, else of
-        the first key that matches its end as a regex ("(.*\.)?key$"); else the same for our name; else `default`."""
-        patterns = patterns or {}
-        for n in (name, model.config.checkpoint_name(name)):  # the checkpoint's name, tried last, wins
-            default = patterns[n] if n in patterns else next(
-                (v for k, v in patterns.items() if re.match(rf"(.*\.)?{k}$", n)), default)
-        return default
-
+        raise ValueError(f"LoRA targets {targets!r} match no linear layer of the model")
     for name in names:
         if model.config.weight_tying and name + ".weight" == TIED_HEAD:
             raise ValueError(f"LoRA targets {targets!r} reach the LM head, which is the embedding matrix "
@@ -952,10 +913,9 @@ def add_lora(model, r=LORA["r"], alpha=LORA["alpha"], dropout=LORA["dropout"], t
         base = getattr(parent, child)
         if not isinstance(base, nn.Linear):
             raise ValueError(f"LoRA target {name!r} already has an adapter or is not a linear layer")
-        setattr(parent, child, LoRALinear(base, pattern(rank_pattern, name, r), pattern(alpha_pattern, name, alpha),
-                                          dropout, generator, use_rslora))
-    model.lora_config = dict(r=r, alpha=alpha, dropout=dropout, targets=targets, use_rslora=use_rslora,
-                             layers_to_transform=layers_to_transform, layers_pattern=layers_pattern)
+        setattr(parent, child, LoRALinear(base, (ranks or {}).get(name, r), (alphas or {}).get(name, alpha), dropout,
+                                          generator, use_rslora))
+    model.lora_config = dict(r=r, alpha=alpha, dropout=dropout, targets=targets, use_rslora=use_rslora)
     return model
 
 

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import model as M
-from adapters import load_adapter, save_adapter
+from adapters import add_peft_lora, peft_target_names, load_adapter, save_adapter
 from model import (LLaDA, LLaDAConfig, add_lora, from_pretrained, load_weight_rows, lora_target_names, merge_lora,
                    merged_state_dict, stored_dtype)
 
@@ -292,8 +292,8 @@ def test_lora_targets_by_either_familys_names():
     assert lora_target_names(model, ["gate_proj"]) == [f"{b}.ff_proj" for b in blocks]
     assert lora_target_names(model, ["down_proj"]) == [f"{b}.ff_out" for b in blocks]  # not the head
     assert lora_target_names(model, ["lm_head"]) == ["model.transformer.ff_out"]
-    assert lora_target_names(model, r"model\.layers\.\d+\.self_attn\.v_proj") == [f"{b}.v_proj" for b in blocks]
-    assert lora_target_names(model, ["q_proj"], layers_to_transform=[1], layers_pattern="layers") == \
+    assert peft_target_names(model, r"model\.layers\.\d+\.self_attn\.v_proj") == [f"{b}.v_proj" for b in blocks]
+    assert peft_target_names(model, ["q_proj"], layers_to_transform=[1], layers_pattern="layers") == \
         ["model.transformer.blocks.1.q_proj"]
 
 
@@ -331,8 +331,8 @@ def test_a_tied_head_takes_no_adapter():
 ])
 def test_adapter_round_trip_in_dreams_names(tmp_path, targets, written):
     model, ids = dream("gqa"), torch.randint(0, 90, (2, 10), generator=torch.Generator().manual_seed(4))
-    randomize_lora(add_lora(model, r=4, alpha=8, dropout=0.0, targets=targets,
-                            rank_pattern={"model.layers.1.self_attn.o_proj": 2}), 5)
+    randomize_lora(add_peft_lora(model, r=4, alpha=8, dropout=0.0, targets=targets,
+                                 rank_pattern={"model.layers.1.self_attn.o_proj": 2}), 5)
     save_adapter(model, tmp_path / "adapter", base_model_name_or_path="Dream-org/Dream-v0-Instruct-7B")
     cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert cfg["target_modules"] == written
