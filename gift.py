@@ -350,27 +350,43 @@ from model import (GENERATION_DEFAULTS, LINEARS, LORA, LORA_TARGETS, LLaDA, LLaD
                    stored_dtype, unwrap)
 
 # ---------------------------------------------------------------------------------------------------------------------
-# GIFT's step once, plainly: what train_step computes, for one batch on one process, in a dozen lines
+# GIFT's step once, plainly: what train_step computes, for one batch on one process (or one micro-batch of a larger
+# step: n_masked), in a dozen lines
 
 
-def gift_loss(model, input_ids, answer_mask, mask_id, generator=None, beta_power=BETA_POWER, eps=EPS):
-    """GIFT's loss for a batch (Algorithms 1-2), to backpropagate. model: a callable, ids (B, L) -> logits (B, L, V),
-    each position's logits predicting its own token (Dream's shifted first: predicting_hidden). train_step computes
-    the same number (tests/test_gift_loss.py), with the logits chunked, at the masked positions only, and the masked
-    count summed over every micro-batch and rank. SFT instead divides each row by its answer length (norm "answer")."""
-    # Algorithm 1: the whole answer masked, one no-grad pass, the entropy H_i at each answer position
-    with torch.no_grad():
-        logp = F.log_softmax(model(mask_answer(input_ids, answer_mask, mask_id)).float(), dim=-1)  # (B, L, V)
-        beta = entropy_betas(-(logp.exp() * logp).sum(-1), answer_mask, beta_power)  # (B, L) beta_i = H_i^0.5
+def model_logits(model, input_ids):
+    """gift_loss's default `logits`: model(input_ids), our LLaDA's tensor or a Hugging Face output's .logits."""
+    out = model(input_ids)
+    return getattr(out, "logits", out)
+
+
+def gift_loss(model, input_ids, answer_mask, mask_id, generator=None, beta_power=BETA_POWER, eps=EPS, n_masked=None,
+              logits=model_logits):
+    """GIFT's loss for a batch (Algorithms 1-2), to backpropagate. model: an nn.Module in its training mode; the
+    entropy pass runs with dropout off (eval mode, restored after), the second pass in the model's own mode.
+    logits(model, ids) -> (B, L, V): each position's logits predicting its own token (Dream's are shifted: pass e.g.
+    `lambda m, x: m.head(predicting_hidden(m, x))`). n_masked: Algorithm 2's N (None: this batch's masked count);
+    under gradient accumulation or DDP pass the GLOBAL count, summed over micro-batches and ranks. train_step
+    computes the same number (tests/test_gift_loss.py), with the logits chunked, at the masked positions only.
+    SFT instead divides each row by its answer length (norm "answer")."""
+    # Algorithm 1: the whole answer masked, one no-grad pass with dropout off, the entropy H_i at each answer position
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logp = F.log_softmax(logits(model, mask_answer(input_ids, answer_mask, mask_id)).float(), dim=-1)
+            beta = entropy_betas(-(logp.exp() * logp).sum(-1), answer_mask, beta_power)  # (B, L) beta_i = H_i^0.5
+    finally:
+        model.train(was_training)
     # Algorithm 2: t ~ U(0, 1) per row, t_i = 1 - (1 - t)^(beta_i / beta_ref), each answer token masked w.p. t_i
     t = uniforms((len(input_ids),), generator, input_ids.device)  # (B,)
     u = uniforms(input_ids.shape, generator, input_ids.device)  # (B, L)
     t_i = gift_mask_probs(t, beta, answer_mask, eps)  # (B, L)
     noisy_ids = mask_tokens(input_ids, t_i, u, mask_id)
     masked = (noisy_ids == mask_id) & answer_mask  # (B, L)
-    # the cross-entropy at the masked answer tokens, weighted 1 / t_i, over the number of masked tokens
-    ce = F.cross_entropy(model(noisy_ids)[masked].float(), input_ids[masked], reduction="none")  # (N,)
-    return (ce / t_i[masked]).sum() / masked.sum().clamp_min(1)
+    # the cross-entropy at the masked answer tokens, weighted 1 / t_i, over the number of masked tokens N
+    ce = F.cross_entropy(logits(model, noisy_ids)[masked].float(), input_ids[masked], reduction="none")  # (N,)
+    return (ce / t_i[masked]).sum() / (masked.sum().clamp_min(1) if n_masked is None else n_masked)
 
 
 LOSS_ALIASES = {"dream": "cart"}  # the paper's name for eq. (16)'s ablation (Dream's CART weights), read as cart
