@@ -41,12 +41,12 @@ from data import (EOT, IM_END, SUDOKU_TASK_PROMPT, BadRow, chat_format, chat_pro
                   check_mask_token, data_text, encode, file_lines, json_object, load_tokenizer, mask_in_text,
                   read_data_file, unencodable_characters)
 from longjob import (SEED_RULE, SEEDS, adapter_fingerprint, add_dtype_flag, add_model_flags, append_records,
-                     broadcast_object, check_adapter, check_summary, compute_dtype, end_distributed, find_model,
-                     folder_fingerprint, gather_objects, load_weights, mixed_seed, open_output, rank_and_world,
-                     read_records, run_command_line, setup_distributed)
+                     broadcast_object, check_summary, compute_dtype, end_distributed, folder_fingerprint,
+                     gather_objects, load_weights, mixed_seed, open_output, rank_and_world, read_records,
+                     run_command_line, setup_distributed)
 from model import GENERATION_DEFAULTS, LLaDA, atomic_write_text, generation_defaults, read_config, unwrap
-from sample import (SamplerOptions, add_sampler_flags, check_sampler_choice, check_step_count, folder_defaults,
-                    options_from_flags, stop_ids, with_lengths)
+from sample import (SamplerOptions, add_sampler_flags, check_step_count, options_from_flags, resolve_model, stop_ids,
+                    with_lengths)
 
 # -----------------------------------------------------------------------------
 # Protocol constants (d1, github.com/dllm-reasoning/d1, eval/{gsm8k,math500,countdown,sudoku}.py, commit 837888f).
@@ -749,21 +749,17 @@ def parse_args(argv=None):
     return p, args
 
 
-def resolve_model(p, args):
+def resolve_args(p, args):
     """Sets args.folder and .adapter (a run or checkpoint folder finds its model), and .data, .prompt_style and
     .options (checked): a flag, else the folder's generation_defaults.json for this task (or for every task when it
     names none), else d1's protocol."""
     try:
-        args.folder, adapter = find_model(args.model)
-        defaults = folder_defaults(args.folder)
-        args.adapter = args.adapter or adapter
-        check_adapter(args.folder, args.adapter)  # a merged export with its own adapter, an adapter on another base
+        args.folder, args.adapter, defaults, o = resolve_model(args, args.task)  # the folder's task's settings
     except (FileNotFoundError, ValueError) as e:
         p.error(str(e))
     if defaults.get("prompt_style") not in (None,) + PROMPT_STYLES:
         p.error(f"{args.folder / GENERATION_DEFAULTS}: field 'prompt_style' = {defaults['prompt_style']!r}: expected "
                 f"one of {PROMPT_STYLES}")
-    defaults = defaults if defaults.get("task") in (None, args.task) else {}  # the folder's own task's settings
     if args.data is None:
         if not defaults.get("test_data"):
             p.error(f"--data: give the {args.task} test file (the model folder names none for this task)")
@@ -772,8 +768,7 @@ def resolve_model(p, args):
         p.error(f"--shot-data {args.shot_data}: it is the --data file; draw the examples from another split")
     args.prompt_style = args.prompt_style or defaults.get("prompt_style", "d1")
     try:
-        o = d1_options(options_from_flags(args, defaults), args.task, "flags")  # a flag, else the folder's, else d1's
-        check_sampler_choice(args, o, args.folder)
+        o = d1_options(o, args.task, "flags")  # a flag, else the folder's, else d1's
         check_step_count(o, given=args.steps is not None)  # the context is load_data's check, after --out
     except ValueError as e:
         p.error(str(e))
@@ -900,7 +895,7 @@ def main(argv=None):
         raise ValueError("--harness is gone: the lm-evaluation-harness command is `python harness.py ...` (the same "
                          "flags, without --harness)")
     p, args = parse_args(argv)
-    resolve_model(p, args)
+    resolve_args(p, args)
     warn_seed_free(args, int(os.environ.get("RANK", "0")))
     out, records_path, lock = open_output(p, args)  # all checked before the model loads
     try:

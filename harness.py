@@ -25,12 +25,12 @@ import torch.distributed as dist
 
 from data import BOS, chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text, load_tokenizer
 from eval import BLOCK_LENGTH, sample_answers
-from longjob import (DTYPES, SEED_RULE, SEEDS, add_dtype_flag, add_model_flags, barrier, check_adapter, compute_dtype,
+from longjob import (DTYPES, SEED_RULE, SEEDS, add_dtype_flag, add_model_flags, barrier, compute_dtype,
                      end_distributed, find_model, gather_objects, json_or_empty, load_weights, run_command_line,
                      setup_distributed)
 from model import atomic_write_text, check_fields, read_config, shift_right
-from sample import (SamplerOptions, add_sampler_flags, check_sampler_choice, decode_until_stop, folder_defaults,
-                    generate, options_from_flags, stop_ids, with_lengths)
+from sample import (SamplerOptions, add_sampler_flags, decode_until_stop, generate, options_from_flags, resolve_model,
+                    stop_ids, with_lengths)
 
 try:  # lm-evaluation-harness, optional: GiftLM (its model "gift") and harness.py need it
     import lm_eval.models  # noqa: F401  the harness's own models, registered first (lazily), stay available
@@ -224,12 +224,8 @@ class GiftLM(LM):
             raise ValueError(f"GiftLM: unknown model_args {', '.join(unknown)}; GiftLM takes {', '.join(own)} and "
                              f"{', '.join(names)} (and LLaDA's, Dream's and dllm's names: docs/harness.md)")
         opts = HarnessOptions(**{k: v for k, v in model_args.items() if k in own})
-        self.folder, found = find_model(opts.model)
-        self.adapter = opts.adapter or found
-        check_adapter(self.folder, self.adapter)
-        given = argparse.Namespace(**{n: model_args.get(n) for n in names})
-        self.options = options_from_flags(given, folder_defaults(self.folder))  # model_args, else the folder's
-        check_sampler_choice(given, self.options, self.folder)
+        given = argparse.Namespace(model=opts.model, adapter=opts.adapter, **{n: model_args.get(n) for n in names})
+        self.folder, self.adapter, _, self.options = resolve_model(given)  # model_args, else the folder's
         self.tokenizer = load_tokenizer(self.folder)
         check_chat_tokens(self.tokenizer, self.folder)  # as eval.py's: the chat format's tokens, before the weights
         bos_text = DREAM_BOS if chat_format(self.tokenizer) == "chatml" else BOS

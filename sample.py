@@ -545,6 +545,24 @@ def folder_defaults(folder):
     return defaults
 
 
+def resolve_model(given, task=None):
+    """What a command's --model and --adapter name, and the SamplerOptions it samples with, resolved alike by every
+    command line (sample.py, eval.py, the harness's GiftLM): (model folder, adapter, the folder's
+    generation_defaults.json, options). A run or checkpoint folder finds its model (find_model); the adapter given wins
+    over the checkpoint's, checked against the folder (check_adapter). Each option is the value given (a flag, a
+    model_arg), else the folder's (for a `task`: only when the folder's task is that one), else SamplerOptions'; the
+    lengths still unset are each command's rule (with_lengths). given: model, adapter and SamplerOptions' fields."""
+    folder, adapter = find_model(given.model)
+    adapter = given.adapter or adapter
+    check_adapter(folder, adapter)
+    defaults = folder_defaults(folder)
+    if task is not None and defaults.get("task") not in (None, task):
+        defaults = {}  # another task's settings
+    options = options_from_flags(given, defaults)
+    check_sampler_choice(given, options, folder)
+    return folder, adapter, defaults, options
+
+
 # -----------------------------------------------------------------------------
 # Command line: chat with or complete from a checkpoint
 
@@ -594,10 +612,7 @@ def parse_args(argv=None, cached=False):
         p.error(f"--device {args.device}: this machine has no CUDA device; use --device cpu")
 
     try:
-        args.folder, adapter = find_model(args.model)
-        defaults = folder_defaults(args.folder)  # what the model was trained to answer with (the embedded task's)
-        options = options_from_flags(args, defaults)
-        check_sampler_choice(args, options, args.folder)
+        args.folder, args.adapter, defaults, options = resolve_model(args)  # the folder's: the embedded task's
         if not (options.exact or options.sampler == "dream" or cached):
             raise ValueError("--cache / --threshold ask for the cached sampler: its chat is `python cached_sample.py "
                              "...` (the same flags)")
@@ -606,8 +621,6 @@ def parse_args(argv=None, cached=False):
         check_step_count(options, args.steps is not None or folder_steps,  # the lengths filled in
                          Path(args.folder) / GENERATION_DEFAULTS if folder_steps else None)
         check_lengths(options, args.folder)
-        args.adapter = args.adapter or adapter
-        check_adapter(args.folder, args.adapter)
     except (FileNotFoundError, ValueError) as e:
         p.error(str(e))
     return args, options

@@ -136,7 +136,7 @@ REFUSED = [
      ["{tmp}/m/generation_defaults.json: field 'steps' = 64: more steps than the 16 tokens"]),
     ("defaults_bad_choice", lambda t: sample.main(["--model", str(with_defaults(t, '{"cache": "full"}')), "--prompt",
                                                    "hi"]),
-     ["{tmp}/m/generation_defaults.json: cache 'full'; expected one of"]),
+     ["{tmp}/m/generation_defaults.json: field 'cache' = \"full\"; expected one of"]),
     ("defaults_bad_value_in_eval", lambda t: E.main(["--model", str(with_defaults(t, '{"temperature": -1}')),
                                                      "--task", "sudoku", "--data", "x.csv"]),
      ["{tmp}/m/generation_defaults.json: field 'temperature' = -1: must be 0 (greedy) or more"]),
