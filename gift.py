@@ -5,7 +5,7 @@
 
 The file reads in two parts:
   Part I    GIFT, the paper: masking probabilities and weights (Theorem 1), the entropy pass (Algorithm 1), the
-            objectives, the one loss (Algorithm 2). Tensors in, tensors out; only math and torch: copy it next to any
+            objectives, the weighted loss (Algorithm 2). Tensors in, tensors out; only math and torch: copy it next to any
             LLaDA (ours, or the official Hugging Face one: `output_hidden_states=True` and its `ff_out` head).
   Part II   Training: GIFT's whole step once, plainly (`gift_loss`); the options (`python gift.py --help`), the model
             on its devices, GIFT's passes besides the loss (the entropy pass on the model, GIFT*'s frozen betas, betas
@@ -235,7 +235,7 @@ def cart_objective(t, u, beta, answer_mask, eps):
 
 
 # name -> (p_i and w_i, where the betas come from, the default normalisation). Betas: "entropy" = H_i^beta_power
-# (Algorithm 1), "nll" = -log p(x0^i) (eq. 13), "initial" = the initial model's entropies (GIFT*), None = unused.
+# (Algorithm 1), "nll" = -log p(x0^i) (eq. 13), "initial_entropy" = the initial model's entropy betas (GIFT*), None = unused.
 OBJECTIVES = {
     "sft": (sft_objective, None, "answer"),
     "gift": (gift_objective, "entropy", "masked"),
@@ -243,7 +243,7 @@ OBJECTIVES = {
     "gift-sw": (gift_sw_objective, "entropy", "answer"),
     "nll": (gift_objective, "nll", "masked"),
     "cart": (cart_objective, None, "answer"),
-    "gift-star": (gift_objective, "initial", "masked"),
+    "gift-star": (gift_objective, "initial_entropy", "masked"),
 }
 LOSSES = tuple(OBJECTIVES)
 DEFAULT_NORM = {name: norm for name, (_, _, norm) in OBJECTIVES.items()}
@@ -267,7 +267,7 @@ def objective_batch(loss_name, input_ids, answer_mask, generator, mask_id, beta=
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The one loss (Theorem 1 / Algorithm 2's second, gradient-carrying pass)
+# The weighted loss of Theorem 1 (Algorithm 2's second, gradient-carrying pass; gift_loss below is the whole step)
 
 
 def _cross_entropy_chunk(head, h, targets):
@@ -411,7 +411,7 @@ class TrainOptions:
                                                           "reused for this many epochs (1 = the paper: every visit; "
                                                           "0 = never recomputed)"})
     eps: float = field(default=EPS, metadata={"help": "the floor on the masking probability: t -> (1 - eps) t + "
-                                             "eps, as LLaDA (p_of_t)"})
+                                             "eps, as LLaDA (p_of_t); not Dream's sampling eps (sample.py)"})
     # LoRA (DDP) or full fine-tuning (FSDP2)
     lora: bool = field(default=False, metadata={"help": "LoRA fine-tuning (DDP); default full (FSDP2)"})
     lora_r: int = field(default=LORA["r"], metadata={"help": "LoRA rank"})
@@ -632,16 +632,16 @@ def gradient_sync(model, enabled):
 
 def first_pass_betas(model, betas_from, input_ids, answer_mask, mask_id, beta_power=BETA_POWER, chunk_size=CE_CHUNK):
     """Algorithm 1 on our model: the betas of the no-grad first pass (dropout off), (B, L) float32. betas_from
-    (OBJECTIVES' second column): "entropy" = H_i^beta_power, "nll" = -log p(x0^i), "initial" = the entropy betas of the
+    (OBJECTIVES' second column): "entropy" = H_i^beta_power, "nll" = -log p(x0^i), "initial_entropy" = the entropy betas of the
     initial model (under LoRA: the adapters disabled; full fine-tuning: gift_star_betas, computed once)."""
     module = unwrap(model)
-    if betas_from == "initial" and not lora_layers(module):
+    if betas_from == "initial_entropy" and not lora_layers(module):
         raise ValueError("gift.py first_pass_betas: gift-star needs the initial model's betas, but this model has no "
                          "LoRA adapters to disable; with full fine-tuning give MicroBatch.precomputed_betas")
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), lora_disabled(module) if betas_from == "initial" else contextlib.nullcontext():
+        with torch.no_grad(), lora_disabled(module) if betas_from == "initial_entropy" else contextlib.nullcontext():
             hidden = predicting_hidden(model, mask_answer(input_ids, answer_mask, mask_id))  # (B, L, D)
             H, nll = answer_entropy_and_nll(hidden, module.head, input_ids, answer_mask, chunk_size)
     finally:
@@ -655,7 +655,7 @@ def initial_model_betas(model, examples, pad_id, length, batch_size, device, bet
     betas of the INITIAL model. Each example padded to `length`; returns (len(examples), length) float32 on the CPU."""
     rows = []
     mask_id = unwrap(model).config.mask_token_id
-    betas_from = "initial" if lora_layers(unwrap(model)) else "entropy"
+    betas_from = "initial_entropy" if lora_layers(unwrap(model)) else "entropy"
     for start in range(0, len(examples), batch_size):
         input_ids, answer_mask = collate(examples[start:start + batch_size], pad_id, pad_to=length)
         betas = first_pass_betas(model, betas_from, input_ids.to(device), answer_mask.to(device), mask_id, beta_power)

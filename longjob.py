@@ -1,4 +1,5 @@
-"""The long-job machinery of gift.py, sample.py and eval.py, which a reader of the algorithm never needs: what lets an
+"""The long-job machinery of gift.py, sample.py and eval.py, which a reader of the paper's method can skip (its
+collectives are the method's only where train_step calls them: the all-reduce of Algorithm 2's N): what lets an
 8-GPU run go on for hours, stop at any moment and continue exactly (docs/long_runs.md says what it guarantees).
 Its sections: processes (ranks, collectives), command lines, fingerprints, what a path names, the output folder
 (lock, status.json, preemption), checkpoints (TrainState, CheckpointManager), the metrics log, eval.py's records.

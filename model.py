@@ -104,6 +104,8 @@ def rename(name, pairs):
 
 @dataclass
 class LLaDAConfig:
+    """The config of LLaDA and of Dream-v0 alike (config.json's model_type "Dream": FAMILIES' entry and DREAM_FIELDS
+    read Qwen's names into these fields); the name is LLaDA's, whose config.json this is field for field."""
     # defaults are LLaDA-8B-Instruct's
     d_model: int = 4096
     n_heads: int = 32
@@ -412,7 +414,8 @@ def check_prompt(prompt, attention_mask, generator, where, model=None, gen_lengt
 
 
 class LLaDA(nn.Module):
-    """LLaDA, or Dream-v0 when config.model_type is "Dream" (the module docstring): one module tree, LLaDA's names."""
+    """LLaDA, and Dream-v0 when config.model_type is "Dream" (the module docstring): one module tree in LLaDA's names;
+    the class is named for LLaDA, the paper's main model, and runs both families."""
 
     def __init__(self, config: LLaDAConfig):
         super().__init__()

@@ -296,12 +296,12 @@ def test_reference_betas_use_the_base_model_under_lora():
     ids, answer_mask = tiny_batch(10, B=2, L=12)
     base = model_betas(model, ids, answer_mask)
     with pytest.raises(ValueError, match="precomputed_betas"):
-        first_pass_betas(model, "initial", ids, answer_mask, model.config.mask_token_id)
+        first_pass_betas(model, "initial_entropy", ids, answer_mask, model.config.mask_token_id)
     add_lora(model, r=4, alpha=8, dropout=0.0, generator=gen(7))
     for _, m in lora_layers(model):
         nn.init.normal_(m.lora_B, std=0.2, generator=gen(8))
     assert not torch.allclose(model_betas(model, ids, answer_mask), base)
-    torch.testing.assert_close(first_pass_betas(model, "initial", ids, answer_mask, model.config.mask_token_id), base)
+    torch.testing.assert_close(first_pass_betas(model, "initial_entropy", ids, answer_mask, model.config.mask_token_id), base)
     assert all(m.enabled for _, m in lora_layers(model))
 
 
