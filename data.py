@@ -1,12 +1,11 @@
-"""Data for GIFT fine-tuning of LLaDA: tokenizer, chat format, JSONL readers, and the built-in 4x4 Sudoku task (the
-embedded default's data). Batching and sharding are gift.py's (its loop's "Batch assembly").
+"""Data for GIFT fine-tuning of LLaDA: tokenizer, chat format, JSONL readers. Batching and sharding are gift.py's (its
+loop's "Batch assembly"); the built-in 4x4 Sudoku task (the embedded default's data) is embedded.py's.
 
 A training example is `(ids, prompt_len)`: the token ids of prompt + answer + <|eot_id|>, and the number of prompt
 tokens. Positions >= prompt_len are the answer; batches are right-padded with <|endoftext|>, and the pads count as
 answer (they are noised and trained on, as in LLaDA's SFT, so the model learns where to stop).
 
     python data.py --data train.jsonl --model /ckpt/LLaDA-8B-Instruct   # check a dataset: format, counts, example
-    python data.py                                                      # show a Sudoku example of the embedded task
 """
 
 import argparse
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, models
 
 from dream import qwen2_tokenizer
 from model import read_json_file
@@ -43,28 +42,20 @@ IM_END = "<|im_end|>"
 DREAM_MASK = "<|mask|>"
 DREAM_SPECIAL_TOKENS = (EOS, IM_START, IM_END, DREAM_MASK)
 CHATML_SYSTEM = "You are a helpful assistant."  # Qwen2.5's template adds this system turn when the messages have none
-# characters of the char-level tokenizer: enough for the Sudoku texts, answer tags and the role names
-CHAR_VOCAB = "\n :/<>0123456789Sabcdefghijklmnopqrstuvwxyz"
-DREAM_CHAR_VOCAB = CHAR_VOCAB + "Y."  # and ChatML's default system turn, "You are a helpful assistant."
 
 
 @dataclass(frozen=True)
 class ChatFormat:
     """What differs between the chat formats, looked up rather than branched on (the template is chat_prompt's)."""
-    specials: tuple  # the special tokens, in the order make_char_tokenizer adds them
+    specials: tuple  # the special tokens, in the order embedded.make_char_tokenizer adds them
     text_tokens: dict  # SpecialIds field -> the token chat_prompt writes into text (checked by check_chat_tokens)
     mask: str  # the diffusion mask
-    chars: str  # make_char_tokenizer's default characters
-    tiny_model: dict  # tiny_config_for's LLaDAConfig fields (model.py's config reads the family from model_type)
 
 
 CHAT_FORMATS = {  # keyed by chat_format(tokenizer)
-    "llada": ChatFormat(SPECIAL_TOKENS, dict(bos=BOS, eot=EOT, start_header=START_HEADER, end_header=END_HEADER),
-                        MASK, CHAR_VOCAB, {}),
-    "chatml": ChatFormat(DREAM_SPECIAL_TOKENS, dict(start_header=IM_START, eot=IM_END), DREAM_MASK, DREAM_CHAR_VOCAB,
-                         dict(model_type="Dream", include_qkv_bias=True, rope_theta=1e6, rms_norm_eps=1e-6)),
+    "llada": ChatFormat(SPECIAL_TOKENS, dict(bos=BOS, eot=EOT, start_header=START_HEADER, end_header=END_HEADER), MASK),
+    "chatml": ChatFormat(DREAM_SPECIAL_TOKENS, dict(start_header=IM_START, eot=IM_END), DREAM_MASK),
 }
-FAMILY_CHAT_FORMAT = {"llada": "llada", "dream": "chatml"}  # make_char_tokenizer's `family`; another name: "llada"
 
 ROLES = ("system", "user", "assistant")
 FORMATS = ("messages", "prompt-response", "s1k", "s1k-1.1")
@@ -80,22 +71,9 @@ CR_BREAK = re.compile(rb"\r[ \t]*[^\s]")  # a line break of CR alone (classic Ma
 SFT_SYSTEM_PROMPT = ("\nRespond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n"
                      "<answer>\n...\n</answer>\n")
 
-# The embedded task: d1's Sudoku question without its long instruction (d1 adds a trailing "\n" that the chat
-# format strips anyway), keeping the sequences short enough for a tiny model on a CPU.
+# d1's Sudoku question without its long instruction (d1 adds a trailing "\n" that the chat format strips anyway):
+# eval.py's SUDOKU_QUESTION; also the embedded task's prompt (embedded.py), short enough for a tiny model on a CPU
 SUDOKU_TASK_PROMPT = "Solve the following Sudoku puzzle: {puzzle}"
-SUDOKU_ANSWER = "<answer>{solution}</answer>"
-# what `python gift.py` trains on with no --model (a tiny LLaDA learns 4x4 Sudoku): training puzzles; the held-out
-# ones (gift.py --eval-puzzles, 8 blanks as d1's) come from `test_grids` of the 288 solution grids, never trained on
-EMBEDDED_PUZZLES = dict(n_train=19200, n_blanks=(2, 8), test_grids=32)  # 300 steps of 64 per epoch
-# the answer "<answer>{16 digits}</answer><|eot_id|>" is 34 tokens: generate exactly that, one token per step. Saved
-# in every exported model folder (generation_defaults.json), with the held-out puzzles, for sample.py and eval.py
-EMBEDDED_EVAL = dict(task="sudoku", prompt_style="plain", gen_length=34, block_length=34, steps=34,
-                     test_data="sudoku_heldout.csv")
-
-# the 12 units (4 rows, 4 columns, 4 boxes) of a 4x4 grid, as row-major cell indices 0..15
-SUDOKU_UNITS = ([[4 * r + c for c in range(4)] for r in range(4)]
-                + [[4 * r + c for r in range(4)] for c in range(4)]
-                + [[4 * (br + r) + bc + c for r in range(2) for c in range(2)] for br in (0, 2) for bc in (0, 2)])
 
 # -----------------------------------------------------------------------------
 # Tokenizer and special ids
@@ -136,7 +114,7 @@ def _token_id(tokenizer, token):
     token_id = tokenizer.token_to_id(token)
     if token_id is None:
         raise ValueError(f"the tokenizer has no {token!r} token, which LLaDA's chat format needs "
-                         "(is this LLaDA's tokenizer.json? make_char_tokenizer() builds a tiny one with it)")
+                         "(is this LLaDA's tokenizer.json? embedded.make_char_tokenizer() builds a tiny one with it)")
     return token_id
 
 
@@ -717,165 +695,32 @@ def data_fingerprint(examples):
 
 
 # -----------------------------------------------------------------------------
-# The embedded task: 4x4 Sudoku (grids are 16-character strings, row-major, "0" = blank)
+# The command line: check a dataset
 
 
-def sudoku_valid(grid):
-    """Whether a 16-character string is a solved 4x4 Sudoku."""
-    return len(grid) == 16 and all(sorted(grid[i] for i in unit) == list("1234") for unit in SUDOKU_UNITS)
-
-
-@functools.cache
-def sudoku_grids():
-    """All 288 valid 4x4 grids, in lexicographic order (depth-first fill, cells row-major, digits ascending)."""
-    # for each cell, the earlier cells that share a unit with it
-    earlier_peers = [sorted({j for unit in SUDOKU_UNITS if i in unit for j in unit if j < i}) for i in range(16)]
-
-    def fill(cells):  # the valid grids that start with `cells`
-        i = len(cells)
-        if i == 16:
-            return [cells]
-        return [grid for digit in "1234" if all(cells[j] != digit for j in earlier_peers[i])
-                for grid in fill(cells + digit)]
-
-    return tuple(fill(""))
-
-
-def sudoku_solutions(puzzle):
-    """The valid grids that agree with the puzzle's given (non-zero) cells."""
-    if not re.fullmatch("[0-4]{16}", puzzle):
-        raise ValueError(f"a puzzle is 16 digits 0-4 (0 = blank), got {puzzle!r}")
-    pattern = re.compile(puzzle.replace("0", "."))
-    return [grid for grid in sudoku_grids() if pattern.fullmatch(grid)]
-
-
-def make_puzzle(grid, n_blanks, generator, unique=True, max_tries=1000):
-    """Blank n_blanks random cells of a solved grid; with unique=True redraw until only `grid` solves it
-    (so the target answer is the only right one)."""
-    for _ in range(max_tries):
-        blanks = set(torch.randperm(16, generator=generator)[:n_blanks].tolist())
-        puzzle = "".join("0" if i in blanks else digit for i, digit in enumerate(grid))
-        if not unique or len(sudoku_solutions(puzzle)) == 1:
-            return puzzle
-    raise ValueError(f"no puzzle with {n_blanks} blanks and a unique solution found for {grid} in {max_tries} "
-                     "draws; use fewer blanks or unique=False")
-
-
-def sudoku_split(n_train, n_test, n_blanks=8, seed=0, test_grids=0, unique=True):
-    """A seeded train / held-out split of distinct puzzles, no puzzle in both: (train, test), lists of (puzzle,
-    solution). n_blanks is an int or an inclusive (low, high) range drawn per puzzle. test_grids > 0 holds out that
-    many whole solution grids: test puzzles come only from them and train puzzles never do (a split by grid); 0 splits
-    by puzzle (a test puzzle's grid may appear in training under other blanks). The test set is drawn first, so it
-    does not change with n_train."""
-    generator = torch.Generator().manual_seed(seed)
-    grids = sudoku_grids()
-    if not 0 <= test_grids < len(grids):
-        raise ValueError(f"test_grids must be in [0, {len(grids)}), got {test_grids}")
-    order = torch.randperm(len(grids), generator=generator).tolist()
-    test_pool = [grids[i] for i in order[:test_grids]] if test_grids else grids
-    train_pool = [grids[i] for i in order[test_grids:]]
-    low, high = (n_blanks, n_blanks) if isinstance(n_blanks, int) else n_blanks
-    taken = set()  # every puzzle drawn so far, train and test
-
-    def draw(pool, n):
-        out, tries = [], 10 * n + 1000  # bounded: a request larger than the pool of puzzles fails, not hangs
-        while len(out) < n and tries:
-            tries -= 1
-            grid = pool[torch.randint(len(pool), (1,), generator=generator).item()]
-            k = torch.randint(low, high + 1, (1,), generator=generator).item()
-            puzzle = make_puzzle(grid, k, generator, unique)
-            if puzzle not in taken:
-                taken.add(puzzle)
-                out.append((puzzle, grid))
-        if len(out) < n:
-            raise ValueError(f"could not draw {n} distinct puzzles from {len(pool)} grids with {n_blanks} blanks")
-        return out
-
-    test = draw(test_pool, n_test)
-    return draw(train_pool, n_train), test
-
-
-def sudoku_messages(puzzle):
-    """The user turn asking for a puzzle (d1's question text, without its instruction string)."""
-    return [{"role": "user", "content": SUDOKU_TASK_PROMPT.format(puzzle=puzzle)}]
-
-
-def sudoku_examples(tokenizer, pairs):
-    """[(puzzle, solution)] -> training examples [(ids, prompt_len)]."""
-    return encode_examples(tokenizer, [(sudoku_messages(p), SUDOKU_ANSWER.format(solution=s)) for p, s in pairs])
-
-
-def make_char_tokenizer(chars=None, family="llada"):
-    """A character-level tokenizer for the embedded task: one token per character of `chars` (ids 0..), then the
-    family's chat format's special tokens (FAMILY_CHAT_FORMAT: "dream" is ChatML's) as added tokens, matched in text.
-    Save it with `tokenizer.save(str(folder / "tokenizer.json"))`; load_tokenizer reads it back. Encoding a character
-    outside `chars` raises (WordLevel has no unknown token)."""
-    fmt = CHAT_FORMATS[FAMILY_CHAT_FORMAT.get(family, "llada")]
-    tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars or fmt.chars)}))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every char alone
-    tokenizer.decoder = decoders.Fuse()  # decode joins the characters back without spaces
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in fmt.specials])
-    return tokenizer
-
-
-def tiny_config_for(tokenizer, **model_sizes):
-    """An LLaDAConfig for a tokenizer with LLaDA's special tokens (make_char_tokenizer()), or Dream's (a ChatML one: a
-    Dream-v0 config, CHAT_FORMATS' tiny_model): mask and eos = pad ids from it, vocab_size = embedding_size = its size
-    rounded up to a multiple of 8. model_sizes are LLaDAConfig fields (d_model, n_heads, n_layers, ...)."""
-    from model import LLaDAConfig  # imported here so data.py works on its own
-
-    fmt = CHAT_FORMATS[chat_format(tokenizer)]
-    vocab = -(-tokenizer.get_vocab_size(with_added_tokens=True) // 8) * 8
-    eos = _token_id(tokenizer, EOS)
-    mask = _token_id(tokenizer, fmt.mask)
-    return LLaDAConfig(vocab_size=vocab, embedding_size=vocab, mask_token_id=mask, eos_token_id=eos, pad_token_id=eos,
-                       **(fmt.tiny_model | model_sizes))
-
-
-
-def embedded_task(seed, eval_puzzles):
-    """The embedded task's data: make_char_tokenizer(), training examples, and `eval_puzzles` held-out (puzzle,
-    solution) pairs from solution grids no training puzzle comes from (one seed, one grid split, in both calls)."""
-    tokenizer = make_char_tokenizer()
-    n_train, n_blanks, test_grids = (EMBEDDED_PUZZLES[k] for k in ("n_train", "n_blanks", "test_grids"))
-    train_pairs, _ = sudoku_split(n_train, 0, n_blanks, seed=seed, test_grids=test_grids)
-    _, heldout = sudoku_split(0, eval_puzzles, 8, seed=seed, test_grids=test_grids)
-    return tokenizer, sudoku_examples(tokenizer, train_pairs), heldout
-
-
-def describe_embedded(heldout, heldout_file):
-    """The embedded task's data in words (gift.py prints it at start-up)."""
-    low, high = EMBEDDED_PUZZLES["n_blanks"]
-    return (f"data: {EMBEDDED_PUZZLES['n_train']:,} 4x4 Sudoku puzzles with {low}-{high} blanks for training; "
-            f"{len(heldout)} held-out puzzles with 8 blanks from {EMBEDDED_PUZZLES['test_grids']} of the 288 solution "
-            f"grids, never seen in training ({heldout_file})")
-
-
-# -----------------------------------------------------------------------------
+def show_example(tokenizer, example):
+    """Print a training example (ids, prompt_len) as the model sees it: its prompt, then its answer."""
+    ids, prompt_len = [int(i) for i in example[0]], example[1]
+    print(f"first example: {len(ids)} tokens, {prompt_len} in the prompt")
+    print("--- prompt ---\n" + tokenizer.decode(ids[:prompt_len], skip_special_tokens=False))
+    print("--- answer ---\n" + tokenizer.decode(ids[prompt_len:], skip_special_tokens=False))
 
 
 def main():
-    parser = argparse.ArgumentParser(description="Check a JSONL dataset (or show the embedded Sudoku task).")
-    parser.add_argument("--data", help="JSONL file; without it, show a Sudoku example")
+    parser = argparse.ArgumentParser(description="Check a JSONL dataset (python embedded.py shows the embedded Sudoku "
+                                                 "task's example).")
+    parser.add_argument("--data", required=True, help="JSONL file")
     parser.add_argument("--model", help="model folder holding tokenizer.json (needed with --data)")
     parser.add_argument("--data-format", default="auto", choices=("auto",) + FORMATS, help="row format")
     parser.add_argument("--max-len", type=int, default=4096, help="longer examples are dropped and counted")
     parser.add_argument("--skip-bad-rows", action="store_true", help="skip and count bad rows instead of failing")
     args = parser.parse_args()
-    if args.data:
-        if not args.model:
-            parser.error("--data needs --model (the folder with tokenizer.json)")
-        tokenizer = load_tokenizer(args.model)
-        examples, stats = load_dataset(args.data, tokenizer, args.data_format, args.max_len, args.skip_bad_rows)
-        print(json.dumps(stats, indent=1))
-    else:
-        tokenizer = make_char_tokenizer()
-        train, _ = sudoku_split(n_train=4, n_test=4)
-        examples = sudoku_examples(tokenizer, train)
-    ids, prompt_len = [int(i) for i in examples[0][0]], examples[0][1]
-    print(f"first example: {len(ids)} tokens, {prompt_len} in the prompt")
-    print("--- prompt ---\n" + tokenizer.decode(ids[:prompt_len], skip_special_tokens=False))
-    print("--- answer ---\n" + tokenizer.decode(ids[prompt_len:], skip_special_tokens=False))
+    if not args.model:
+        parser.error("--data needs --model (the folder with tokenizer.json)")
+    tokenizer = load_tokenizer(args.model)
+    examples, stats = load_dataset(args.data, tokenizer, args.data_format, args.max_len, args.skip_bad_rows)
+    print(json.dumps(stats, indent=1))
+    show_example(tokenizer, examples[0])
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -44,7 +43,7 @@ from longjob import (SEED_RULE, SEEDS, adapter_fingerprint, add_dtype_flag, add_
                      broadcast_object, check_summary, compute_dtype, end_distributed, folder_fingerprint,
                      gather_objects, load_weights, mixed_seed, open_output, rank_and_world, read_records,
                      run_command_line, setup_distributed)
-from model import GENERATION_DEFAULTS, LLaDA, atomic_write_text, generation_defaults, read_config, unwrap
+from model import GENERATION_DEFAULTS, atomic_write_text, read_config, unwrap
 from sample import (SamplerOptions, add_sampler_flags, check_step_count, options_from_flags, resolve_model, stop_ids,
                     with_lengths)
 
@@ -537,7 +536,7 @@ def accuracy(task, records):
 
 
 # -----------------------------------------------------------------------------
-# Generation and grading, one process or torchrun
+# Generation and grading, one process or torchrun (gift.py's embedded run calls evaluate: embedded.evaluate_embedded)
 
 def item_generator(seed, index, device):
     """Item `index`'s own generator under `seed`: a resumed or re-batched run draws the same noise for it."""
@@ -670,30 +669,6 @@ def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, 
         return None, None
     records.sort(key=lambda r: r["index"])
     return accuracy(task, records), records
-
-
-def evaluate_embedded(heldout, checkpoint, seed, device):
-    """Held-out Sudoku accuracy (d1's cells among the blanks) of gift.py's embedded-task checkpoint folder and, for
-    scale, of the same architecture untrained (from `seed`), sampled as its generation_defaults.json says; heldout:
-    (puzzle, solution) pairs. Rank 0 prints a line each and returns {"untrained": ..., "trained": ...}, others {}."""
-    folder = Path(checkpoint) / "model"
-    items = [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
-    trained = LLaDA.from_pretrained(folder, device=device)
-    tokenizer = load_tokenizer(folder)
-    untrained = LLaDA(trained.config).init_weights(torch.Generator().manual_seed(seed)).to(device)
-    defaults = generation_defaults(folder)  # the embedded task's: plain prompts, one 34-token block in 34 steps
-    options = SamplerOptions(**{k: defaults[k] for k in ("gen_length", "steps", "block_length")})
-    results = {}
-    for name, model in (("untrained", untrained), ("trained", trained)):
-        t0 = time.time()
-        acc, records = evaluate(model, tokenizer, items, "sudoku", options, batch_size=64,
-                                prompt_style=defaults["prompt_style"])
-        if records is not None:  # rank 0
-            solved = 100 * sum(r["correct_cells"] == r["empty_cells"] for r in records) / len(records)
-            results[name] = dict(cell_accuracy=round(acc, 2), puzzles_solved=round(solved, 2), puzzles=len(records))
-            print(f"held-out Sudoku ({len(records)} puzzles, {name}): cell accuracy {acc:.1f}%, "
-                  f"whole puzzles solved {solved:.1f}% ({time.time() - t0:.0f} s)", flush=True)
-    return results
 
 
 # -----------------------------------------------------------------------------

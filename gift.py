@@ -12,8 +12,9 @@ The file reads in two parts:
             reused for K epochs), one optimizer step (`train_step`), the loop (`train`), then `main()`. The loop's
             bookkeeping is calls into longjob.py, as torchtitan's trainer calls its checkpointer.
 The long-job machinery (run folders, checkpoints, resume checks, preemption, status.json, locks, fingerprints, the
-metrics log) is longjob.py's. Imports, bottom to top: model.py; data.py and adapters.py; longjob.py; sample.py,
-eval.py, gift.py.
+metrics log) is longjob.py's; the embedded default's task (its puzzles, tiny model, settings, evaluation) embedded.py's.
+Imports, bottom to top: model.py; adapters.py, dream.py, data.py; longjob.py; sample.py, cached_sample.py, eval.py;
+embedded.py; gift.py (and harness.py, which no file imports).
 
 Every objective in the paper is ONE estimator of the weighted loss of Theorem 1 (eq. 10):
 
@@ -319,7 +320,7 @@ def diffusion_loss(hidden, head, input_ids, noisy_ids, weight, answer_mask, mask
 
 # =====================================================================================================================
 # Part II. Training: `torchrun --nproc_per_node N gift.py [options]`, or `python gift.py` for one process. With no
-# --model: the embedded default, a tiny LLaDA trained from scratch on 4x4 Sudoku (data.py), then evaluated (eval.py).
+# --model: the embedded default, a tiny LLaDA trained from scratch on 4x4 Sudoku, then evaluated (embedded.py).
 # =====================================================================================================================
 
 import argparse
@@ -328,7 +329,6 @@ import dataclasses
 import functools
 import importlib.util
 import io
-import json
 import math
 import os
 import sys
@@ -338,14 +338,13 @@ from pathlib import Path
 
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from data import (EMBEDDED_EVAL, FORMATS, data_fingerprint, describe_embedded, embedded_task, load_dataset,
-                  load_tokenizer, special_ids, tiny_config_for)
+import embedded
+from data import FORMATS, data_fingerprint, load_dataset, load_tokenizer, special_ids
 from longjob import (DTYPES, EXPORTED, SEED_RULE, SEEDS, CheckpointManager, Export, MetricsLog, RunError, all_reduce,
-                     banner, barrier, compute_device, compute_dtype, describe_data, end_distributed, folder_fingerprint,
+                     banner, compute_device, compute_dtype, describe_data, end_distributed, folder_fingerprint,
                      gather_objects, is_rank0, is_sharded, load_weights, mixed_seed, not_a_model_folder,
-                     parse_dataclass_flags, print0, rank_and_world, run_command_line, run_folder, setup_distributed,
-                     tensors_fingerprint, write_results)
-from model import (GENERATION_DEFAULTS, LINEARS, LORA, LORA_TARGETS, LLaDA, LLaDAConfig, add_lora, atomic_write_text,
+                     parse_dataclass_flags, print0, rank_and_world, run_command_line, run_folder, setup_distributed)
+from model import (LINEARS, LORA, LORA_TARGETS, LLaDA, LLaDAConfig, add_lora, atomic_write_text,
                    check_config_against_weights, load_weight_rows, lora_disabled, lora_layers, predicting_hidden,
                    stored_dtype, unwrap)
 
@@ -463,15 +462,6 @@ class TrainOptions:
     eval_puzzles: int = field(default=256, metadata={"help": "embedded task: held-out puzzles to evaluate"})
 
 
-# The embedded default (no --model; options not given on the command line): a tiny model trained from scratch on the
-# 2-core CPU in about 4 minutes. A sweep over seeds (experiments/embedded_sweep/) chose lr 1e-3 and batch 64: 94-100%
-# held-out cells in every seed (lr 2e-3 or batch 32 stalled in some). Puzzles and generation: data.py's EMBEDDED_*.
-EMBEDDED = dict(out="runs/sudoku-tiny", loss="gift", epochs=5, grad_accum=1, lr=1e-3,
-                schedule="cosine", warmup_steps=50, weight_decay=0.0, log_every=100)
-EMBEDDED_MODEL = dict(d_model=64, n_heads=4, n_kv_heads=4, n_layers=3, mlp_hidden_size=192, max_sequence_length=256)
-EMBEDDED_GLOBAL_BATCH = 64  # split over the processes, so `python gift.py` and torchrun compute the same run
-
-
 def parse_options(argv=None):
     """TrainOptions from the command line (`python gift.py --help` lists every option), checked before any work."""
     parser = argparse.ArgumentParser(description="GIFT / SFT fine-tuning of LLaDA or Dream (arXiv 2509.20863; see "
@@ -480,12 +470,8 @@ def parse_options(argv=None):
     if "loss" in given:
         given["loss"] = LOSS_ALIASES.get(given["loss"], given["loss"])
     opts = TrainOptions(**given)
-    if not opts.model:
-        for k, v in EMBEDDED.items():
-            if k not in given:
-                setattr(opts, k, v)
-        if "batch_size" not in given:
-            opts.batch_size = max(1, EMBEDDED_GLOBAL_BATCH // int(os.environ.get("WORLD_SIZE", 1)))
+    if not opts.model:  # the embedded default: its settings (embedded.EMBEDDED) for the options not given
+        embedded.apply_defaults(opts, given)
     check_options(opts, parser.error)
     return opts
 
@@ -940,8 +926,8 @@ class RunInputs:
 def load_inputs(opts, rank, dtype):
     """The base model (LoRA: loaded in `dtype`; full fine-tuning: on the meta device, filled after sharding), its
     tokenizer and the tokenised data, or the embedded task. Prints the data's summary."""
-    if not opts.model:
-        return embedded_inputs(opts, rank, dtype)
+    if not opts.model:  # a tiny LLaDA from the seed, its Sudoku puzzles and files (embedded.py)
+        return RunInputs(**embedded.embedded_inputs(opts, rank, dtype, save_dtype(opts.save_dtype, torch.float32)))
     config = LLaDAConfig.from_json(Path(opts.model) / "config.json")
     check_config_against_weights(opts.model, config)  # from the safetensors headers, before anything is built
     if opts.max_len > config.max_sequence_length:  # longer than the base was trained on
@@ -963,7 +949,8 @@ def load_inputs(opts, rank, dtype):
         with torch.device("meta"):
             model = LLaDA(config)
     fingerprints = dict(data, model=folder_fingerprint(opts.model))
-    files = [f for f in sorted(Path(opts.model).iterdir()) if f.is_file() and any(f.match(p) for p in EXPORTED)]
+    exported = EXPORTED + embedded.EXPORTED  # a model folder of the embedded task's carries its held-out puzzles
+    files = [f for f in sorted(Path(opts.model).iterdir()) if f.is_file() and any(f.match(p) for p in exported)]
     stored = stored_dtype(opts.model)  # a LoRA base loaded in a narrower dtype: merged/ from the folder's own weights
     exact = dtype == stored or torch.finfo(dtype).bits > torch.finfo(stored).bits
     export = Export(dtype=save_dtype(opts.save_dtype, stored), files=files, base_name=opts.model,
@@ -971,28 +958,6 @@ def load_inputs(opts, rank, dtype):
                     merge_from="" if exact else opts.model)
     return RunInputs(model, tokenizer, examples, pad_id, fingerprints, export,
                      resolved=dict(dtype=str(dtype).removeprefix("torch."), data_format=stats["format"]))
-
-
-def embedded_inputs(opts, rank, dtype):
-    """The embedded task (data.py): a tiny LLaDA initialised from the seed and its Sudoku puzzles. Its tokenizer,
-    generation settings and held-out puzzles are written into --out, then into every exported model folder."""
-    out = Path(opts.out)
-    files = [out / "tokenizer.json", out / GENERATION_DEFAULTS, out / EMBEDDED_EVAL["test_data"]]
-    tokenizer, examples, heldout = embedded_task(opts.seed, opts.eval_puzzles)
-    config = tiny_config_for(tokenizer, **EMBEDDED_MODEL)
-    pad_id, data = special_ids(tokenizer, config).pad, dict(data=data_fingerprint(examples), examples=len(examples))
-    description = describe_embedded(heldout, files[2])
-    model = LLaDA(config).init_weights(torch.Generator().manual_seed(opts.seed))
-    if rank == 0:
-        tokenizer.save(str(files[0]))
-        atomic_write_text(files[1], json.dumps(EMBEDDED_EVAL, indent=1) + "\n")
-        atomic_write_text(files[2], "Puzzle,Solution\n" + "".join(f"{p},{s}\n" for p, s in heldout))
-    fingerprints = dict(data, model=tensors_fingerprint(model))
-    barrier()
-    print0(description)
-    export = Export(dtype=save_dtype(opts.save_dtype, torch.float32), files=files, base_name="embedded")
-    return RunInputs(model, tokenizer, examples, pad_id, fingerprints, export, heldout,
-                     dict(dtype=str(dtype).removeprefix("torch."), data_format="auto"))
 
 
 def save_dtype(name, base_dtype):
@@ -1120,16 +1085,13 @@ def step_micro_batches(examples, step_indices, epoch, split, pad_id, device, see
 def main(argv=None):
     opts = parse_options(argv)
     t0 = time.time()
-    with run_folder(Path(opts.out), opts.resume, opts.overwrite, embedded=not opts.model) as preemption:
+    replaced = None if opts.model else embedded.REPLACED  # the files in --out the run may replace (None: longjob's)
+    with run_folder(Path(opts.out), opts.resume, opts.overwrite, replaced) as preemption:
         model, inputs, checkpoint = train(opts, preemption)
         preemption.looping = False  # a signal in the final evaluation exits at once, status.json saying so
         t_train = time.time() - t0
-        folder = checkpoint / ("adapter" if opts.lora else "model")
-        if inputs.heldout is not None:  # the embedded default: evaluate on held-out puzzles with the block sampler
-            from eval import evaluate_embedded  # here, not at the top: importing gift.py does not import eval.py
-            results = evaluate_embedded(inputs.heldout, checkpoint, opts.seed, compute_device(model))
-            if is_rank0():
-                write_results(Path(opts.out), opts, results, folder, t_train, time.time() - t0, inputs.heldout[0][0])
+        if inputs.heldout is not None:  # the embedded default: its held-out puzzles with the block sampler, results
+            embedded.evaluate_run(opts, inputs.heldout, checkpoint, compute_device(model), t_train, t0)
     end_distributed()  # every rank done with every collective before the process group goes
 
 

@@ -3,8 +3,8 @@ collectives are the method's only where train_step calls them: the all-reduce of
 8-GPU run go on for hours, stop at any moment and continue exactly (docs/long_runs.md says what it guarantees).
 Its sections: processes (ranks, collectives), command lines, fingerprints, what a path names, the output folder
 (lock, status.json, preemption), checkpoints (TrainState, CheckpointManager), the metrics log, eval.py's records.
-It imports model.py, data.py and adapters.py only: it is handed names and callables, and never imports the
-trainer.
+It imports model.py and adapters.py only: it is handed names and callables (the embedded task's files, embedded.py's,
+from gift.py), and never imports the trainer.
 """
 
 import argparse
@@ -23,7 +23,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -42,7 +41,6 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 
 from adapters import ADAPTER_BASE, load_adapter, read_adapter_config, save_adapter
-from data import EMBEDDED_EVAL, SUDOKU_TASK_PROMPT, make_char_tokenizer
 from model import (GENERATION_DEFAULTS, LLaDA, atomic_write_text, merge_lora, merged_state_dict, read_json, unwrap,
                    weight_files)
 
@@ -502,13 +500,15 @@ def checkpoint_step(name):
 
 
 # the base folder's files an exported model folder needs besides its config and weights: not a 16 GB pytorch_model.bin
+# (gift.py adds the embedded task's, embedded.EXPORTED)
 EXPORTED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
             "added_tokens.json", "chat_template.jinja", "generation_config.json", GENERATION_DEFAULTS, "modeling_*.py",
-            EMBEDDED_EVAL["test_data"], "configuration_*.py", "generation_utils.py", "tokenization_*.py")
+            "configuration_*.py", "generation_utils.py", "tokenization_*.py")
 # step-N/manifest.json: every file its save wrote (write_checkpoint), the run's; anything else there is a user's. A
 # checkpoint without one (older code's, tests/data/ebf2705) keeps the name rule: each part's files as written, below
+# (older code's embedded runs also exported their held-out puzzles, sudoku_heldout.csv: a name of the past, fixed)
 MANIFEST = "manifest.json"
-MODEL_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json", *EXPORTED)
+MODEL_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json", *EXPORTED, "sudoku_heldout.csv")
 PART_FILES = {"train_state": (".metadata", "*.distcp"), "adapter": ("adapter_config.json", "adapter_model.safetensors"),
               "model": MODEL_FILES, "merged": MODEL_FILES}
 
@@ -532,13 +532,14 @@ def lock_folder(out):
     return lock
 
 
-def claim_output_folder(out, resume, overwrite, embedded=False):
-    """Rank 0, before anything is written: lock the folder, refuse to replace a file no run wrote (REPLACED), refuse
-    a fresh run over an existing one (unless `overwrite`: deleted), remove interrupted saves. Returns the lock."""
+def claim_output_folder(out, resume, overwrite, replaced=None):
+    """Rank 0, before anything is written: lock the folder, refuse to replace a file no run wrote (`replaced`: {name:
+    whether the file is the run's}, None: REPLACED), refuse a fresh run over an existing one (unless `overwrite`:
+    deleted), remove interrupted saves. Returns the lock."""
     lock = lock_folder(out)
     try:
         # a file the run would replace (a folder of that name cannot be: StatusFile says so)
-        users = [str(out / name) for name, ours in (REPLACED_EMBEDDED if embedded else REPLACED).items()
+        users = [str(out / name) for name, ours in (REPLACED if replaced is None else replaced).items()
                  if (out / name).is_symlink() or ((out / name).is_file() and not ours(out / name))]
         if users:
             raise FileExistsError(f"{out} holds {', '.join(users)}, which the run would replace and no gift.py run "
@@ -614,20 +615,10 @@ def json_or_empty(path):
     return {}
 
 
-def _embedded_heldout(path):  # embedded_inputs': a header and (puzzle, solution) rows
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        return re.fullmatch(r"Puzzle,Solution\n([0-4]{16},[1-4]{16}\n)*", path.read_text()) is not None
-    return False
-
-
-# The files a run writes beside RUN_FILES, each with the test that tells its own from a user's (refused, not replaced)
+# The files a run writes beside RUN_FILES, each with the test that tells its own from a user's (refused, not replaced;
+# the embedded run's more: embedded.REPLACED)
 STATES = ("running", "done", "preempted", "interrupted", "failed")  # status.json's
 REPLACED = {"status.json": lambda path: json_or_empty(path).get("state") in STATES}
-REPLACED_EMBEDDED = REPLACED | {
-    "results.json": lambda path: {"heldout", "train_seconds", "options"} <= json_or_empty(path).keys(),
-    "tokenizer.json": lambda path: json_or_empty(path) == json.loads(make_char_tokenizer().to_str()),
-    GENERATION_DEFAULTS: lambda path: json_or_empty(path) == EMBEDDED_EVAL,
-    EMBEDDED_EVAL["test_data"]: _embedded_heldout}
 
 
 class StatusFile:
@@ -708,10 +699,11 @@ class Preemption:
 
 
 @contextlib.contextmanager
-def run_folder(out, resume, overwrite, embedded=False):
-    """The run's output folder, claimed for its life (rank 0: the lock, status.json); yields every rank's Preemption."""
+def run_folder(out, resume, overwrite, replaced=None):
+    """The run's output folder, claimed for its life (rank 0: the lock, status.json; `replaced`: claim_output_folder's);
+    yields every rank's Preemption."""
     setup_distributed()
-    lock = on_rank0(lambda: claim_output_folder(out, resume, overwrite, embedded))
+    lock = on_rank0(lambda: claim_output_folder(out, resume, overwrite, replaced))
     status = StatusFile(out) if is_rank0() else None
     write_status = status.write if status else lambda state, **extra: None
     try:
@@ -1228,7 +1220,7 @@ def truncate_metrics(path, step):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The metrics log, the start-up banner, the embedded run's results
+# The metrics log, the start-up banner (the embedded run's results: embedded.write_results)
 
 
 class MetricsLog:
@@ -1329,20 +1321,6 @@ def banner(opts, inputs, model, world, device, dtype, total_steps, global_batch)
             f"{c.n_layers} layers, {c.n_heads} heads); {world} process{'es' if world > 1 else ''} on {device.type}, "
             f"{str(dtype).replace('torch.', '')}; {total_steps} optimizer steps of {global_batch} examples; "
             f"output {opts.out}")
-
-
-def write_results(out, opts, results, folder, train_s, total_s, puzzle):
-    """<out>/results.json (accuracies, times, settings, commit), then the commands to chat with and evaluate it."""
-    commit = None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, text=True,
-                                capture_output=True, timeout=10).stdout.strip() or None
-    atomic_write_text(out / "results.json", json.dumps(dict(
-        heldout=results, model=str(folder), train_seconds=round(train_s, 1), total_seconds=round(total_s, 1),
-        processes=rank_and_world()[1], commit=commit, options=dataclasses.asdict(opts)), indent=1) + "\n")
-    print(f"results: {out / 'results.json'}\nmodel: {folder}\n"
-          f"chat with it:  python sample.py --model {folder} --prompt \"{SUDOKU_TASK_PROMPT.format(puzzle=puzzle)}\"\n"
-          f"evaluate it:   python eval.py --model {folder} --task sudoku", flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repo's top-level files are plain modules
 sys.path.insert(0, str(REPO / "experiments"))
 import eval as E  # noqa: E402
-from data import EMBEDDED_EVAL, load_tokenizer, make_char_tokenizer, tiny_config_for  # noqa: E402
+from data import load_tokenizer  # noqa: E402
+from embedded import EMBEDDED_EVAL, make_char_tokenizer, tiny_config_for  # noqa: E402
 from gift_vs_sft import cpu_name  # noqa: E402
 from longjob import find_model  # noqa: E402
 from model import LLaDA  # noqa: E402

@@ -140,7 +140,7 @@ def run_table(a):
     torch.set_num_threads(1)  # the process CPU time of one thread is the clock
     if a.smoke:  # a random tiny model with the task's tokenizer: the code path, not the numbers
         tokenizer = longform.make_tokenizer()
-        from data import tiny_config_for
+        from embedded import tiny_config_for
         config = tiny_config_for(tokenizer, **longform.SMOKE_MODEL)
         model = LLaDA(config).init_weights(torch.Generator().manual_seed(0)).eval()
         lengths, names = SMOKE["lengths"], SMOKE["settings"]

@@ -187,9 +187,10 @@ def bench_fast(name, shapes, shape, a, device, dtype):
 
 def bench_sudoku(model_dir, a, device, dtype):
     """Held-out Sudoku with every FAST_MODES mode: the model folder's own held-out puzzles (sudoku_heldout.csv, which
-    gift.py's embedded run saves with it; else data.embedded_task's for gift.py's default --seed 42) and the embedded
-    task's generation settings (data.EMBEDDED_EVAL), graded by eval.py."""
-    from data import EMBEDDED_EVAL, embedded_task, load_tokenizer
+    gift.py's embedded run saves with it; else embedded.embedded_task's for gift.py's default --seed 42) and the
+    embedded task's generation settings (embedded.EMBEDDED_EVAL), graded by eval.py."""
+    from data import load_tokenizer
+    from embedded import EMBEDDED_EVAL, embedded_task
     from eval import SUDOKU_QUESTION, evaluate, load_sudoku
     if (Path(model_dir) / "sudoku_heldout.csv").is_file():
         items = load_sudoku(Path(model_dir) / "sudoku_heldout.csv", subset=False)[:a.sudoku_puzzles]

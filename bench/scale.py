@@ -123,7 +123,7 @@ def special_ids_for(vocab, family="llada"):
 
 def make_tokenizer(vocab, family="llada"):
     """A char-level tokenizer of exactly `vocab` ids with the family's special tokens at special_ids_for(vocab), as
-    data.make_char_tokenizer but with the ids pinned: tokens already in the WordLevel vocabulary keep their id when
+    embedded.make_char_tokenizer but with the ids pinned: tokens already in the WordLevel vocabulary keep their id when
     they are added as special tokens (matched in text as one token, which data.special_ids requires)."""
     specials = special_ids_for(vocab, family)
     words = {c: i for i, c in enumerate(TEXT_CHARS)} | specials

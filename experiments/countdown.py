@@ -10,7 +10,7 @@ prompt is eval.py's plain Countdown question ("Numbers: [3, 5, 7]\\nTarget: 56";
 the expression uses them, a hint without which the tiny model solved no 4-number problem in the sizing probes) and the
 answer eval.shot_response's plain answer "<answer>\\boxed{(3+5)*7}</answer>" (d1's grader reads the box;
 it does not accept a bare "<answer>(3+5)*7</answer>"), padded with <|eot_id|> to one fixed length, so that the
-whole answer is one block generated in as many steps as it has tokens, as data.EMBEDDED_EVAL does for Sudoku.
+whole answer is one block generated in as many steps as it has tokens, as embedded.EMBEDDED_EVAL does for Sudoku.
 A problem is its (sorted numbers, target): no held-out problem is in any training set, and no fine-tuning problem
 in pre-training."""
 
@@ -27,7 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
 import gift  # noqa: E402
-from data import CHAR_VOCAB, EOT, encode, encode_examples, encode_text, make_char_tokenizer  # noqa: E402
+from data import EOT, encode, encode_examples, encode_text  # noqa: E402
+from embedded import CHAR_VOCAB, make_char_tokenizer  # noqa: E402
 from gift import collate  # noqa: E402
 from eval import COUNTDOWN_QUESTION, build_prompt, evaluate, last_boxed  # noqa: E402
 from sample import SamplerOptions  # noqa: E402

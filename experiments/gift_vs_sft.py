@@ -25,7 +25,7 @@ What it does, in order (every step is the repo's own code path; nothing is re-im
      Budget 2, equal wall time: SFT runs steps x cost(gift) / cost(sft) steps, and steps x cost(gift-k4) / cost(sft)
      (EQUAL_TIME); GIFT (resp. GIFT with K = 4) is compared with the SFT run that costs what it costs.
   5. Evaluation (eval.evaluate, prompt_style="plain", the whole fixed-length answer as one block, one token per
-     step, as data.EMBEDDED_EVAL): d1's graders, each metric with its binomial standard error.
+     step, as embedded.EMBEDDED_EVAL): d1's graders, each metric with its binomial standard error.
   6. Statistics over bases and seeds: mean and standard deviation, and the paired difference to SFT of the same
      base and seed (same data order and noise) with a paired t-test and its 95% interval (Student t written with
      math.lgamma; no scipy), the spread between bases apart from the spread between seeds.
@@ -68,7 +68,8 @@ import countdown  # noqa: E402
 import gift  # noqa: E402
 import longjob  # noqa: E402
 import sudoku  # noqa: E402
-from data import load_tokenizer, tiny_config_for  # noqa: E402
+from data import load_tokenizer  # noqa: E402
+from embedded import tiny_config_for  # noqa: E402
 from model import LLaDA  # noqa: E402
 
 # -----------------------------------------------------------------------------

@@ -46,7 +46,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repo's top-level files are plain modules
 import gift  # noqa: E402
 import longjob  # noqa: E402
-from data import CHAR_VOCAB, chat_format, chat_prompt, encode, make_char_tokenizer, tiny_config_for  # noqa: E402
+from data import chat_format, chat_prompt, encode  # noqa: E402
+from embedded import CHAR_VOCAB, make_char_tokenizer, tiny_config_for  # noqa: E402
 from model import LLaDA  # noqa: E402
 from cached_sample import generate_with_options  # noqa: E402
 from sample import SamplerOptions, decode_until_stop, stop_ids  # noqa: E402

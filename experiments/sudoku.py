@@ -16,8 +16,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
 import gift  # noqa: E402
-from data import (EMBEDDED_EVAL, SUDOKU_ANSWER, SUDOKU_TASK_PROMPT, SUDOKU_UNITS, encode,  # noqa: E402
-                  make_char_tokenizer, sudoku_examples, sudoku_split)
+from data import SUDOKU_TASK_PROMPT, encode  # noqa: E402
+from embedded import (EMBEDDED_EVAL, SUDOKU_ANSWER, SUDOKU_UNITS, make_char_tokenizer, sudoku_examples,  # noqa: E402
+                      sudoku_split)
 from gift import collate  # noqa: E402
 from eval import SUDOKU_QUESTION, build_prompt, evaluate  # noqa: E402
 from sample import SamplerOptions  # noqa: E402
@@ -58,8 +59,8 @@ def check_plan(plan, error):
 
 
 def build_data(plan, folder):
-    """Pre-training, fine-tuning and held-out puzzles; the first two as prompt/response JSONL (data.py's Sudoku
-    prompt and answer, so gift.train tokenizes them exactly as data.sudoku_examples does) and everything as
+    """Pre-training, fine-tuning and held-out puzzles; the first two as prompt/response JSONL (embedded.py's Sudoku
+    prompt and answer, so gift.train tokenizes them exactly as embedded.sudoku_examples does) and everything as
     (puzzle, solution) pairs in data.json. Held-out puzzles come only from held-out grids."""
     folder.mkdir(parents=True, exist_ok=True)
     ft, heldout = sudoku_split(plan.n_ft, plan.n_heldout, blanks(plan.ft_blanks), seed=plan.data_seed,
@@ -88,7 +89,7 @@ def describe_data(plan, base, ft, heldout):
 
 
 def heldout_items(heldout):
-    """eval.evaluate items: the embedded task's question (gift.evaluate_embedded uses the same)."""
+    """eval.evaluate items: the embedded task's question (embedded.evaluate_embedded uses the same)."""
     return [dict(question=SUDOKU_QUESTION.format(puzzle=p), puzzle=p, solution=s) for p, s in heldout]
 
 
@@ -112,7 +113,7 @@ def shapes(tokenizer, pairs, plan=None):
 
 
 def evaluate_heldout(model, tokenizer, heldout, batch_size, plan=None):
-    """Held-out grades with eval.evaluate (greedy, the 34-token answer in 34 steps as data.EMBEDDED_EVAL): the
+    """Held-out grades with eval.evaluate (greedy, the 34-token answer in 34 steps as embedded.EMBEDDED_EVAL): the
     counts (hits, trials) of each metric -- cells right among the blanks (d1's metric), whole puzzles solved."""
     e = EMBEDDED_EVAL
     options = SamplerOptions(gen_length=e["gen_length"], steps=e["steps"], block_length=e["block_length"])

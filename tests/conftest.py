@@ -137,7 +137,7 @@ def write_rows(path, rows):
 def base(tmp_path_factory):
     """A tiny LLaDA folder (config.json, model.safetensors, tokenizer.json) and a 12-row prompt/response JSONL.
     Initialised with std 0.2, so that its entropies (GIFT's betas) differ from token to token."""
-    from data import make_char_tokenizer, tiny_config_for
+    from embedded import make_char_tokenizer, tiny_config_for
     from model import LLaDA
     root = tmp_path_factory.mktemp("base")
     tokenizer = make_char_tokenizer()

@@ -8,6 +8,7 @@ import torch
 from tokenizers import Tokenizer, models, processors
 
 import data
+import embedded
 import gift
 from conftest import DATA
 
@@ -17,7 +18,7 @@ PRINTABLE = "".join(dict.fromkeys(string.printable))
 
 @pytest.fixture(scope="module")
 def tok():
-    return data.make_char_tokenizer(PRINTABLE)
+    return embedded.make_char_tokenizer(PRINTABLE)
 
 
 def chars(tokenizer, text):
@@ -90,7 +91,7 @@ def test_multi_turn_trains_on_last_assistant_turn(tok):
 
 def test_no_bos_or_eos_added_implicitly(tmp_path):
     # a tokenizer.json whose post-processor would add BOS / EOS around every encode
-    tokenizer = data.make_char_tokenizer()
+    tokenizer = embedded.make_char_tokenizer()
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{data.BOS} $A {data.EOS}", special_tokens=[(t, sid(tokenizer, t)) for t in (data.BOS, data.EOS)])
     tokenizer.save(str(tmp_path / "tokenizer.json"))
@@ -124,7 +125,7 @@ def test_special_ids_errors():
     with pytest.raises(ValueError, match=r"<\|eot_id\|>"):
         data.special_ids(without_eot, config)
     # present in the vocabulary but not an added token, so text "<|eot_id|>" would not be read as it
-    plain = data.make_char_tokenizer()
+    plain = embedded.make_char_tokenizer()
     vocab = plain.get_vocab()
     vocab = {t: i for t, i in vocab.items() if t != data.EOT} | {data.EOT: len(vocab) + 10}
     not_added = Tokenizer(models.WordLevel(vocab, unk_token="a"))
@@ -343,7 +344,7 @@ def test_sharding_end_of_epoch_has_empty_micro_batches():
 
 
 # -----------------------------------------------------------------------------
-# Sudoku
+# The embedded task's Sudoku (embedded.py)
 
 
 def brute_force_grids():
@@ -355,80 +356,85 @@ def brute_force_grids():
                   if all(len({t[c], t[4 + c], u[c], u[4 + c]}) == 4 for c in range(4)))
 
 
+def sudoku_valid(grid):
+    """Whether a 16-character string is a solved 4x4 Sudoku."""
+    return len(grid) == 16 and all(sorted(grid[i] for i in unit) == list("1234") for unit in embedded.SUDOKU_UNITS)
+
+
 def test_sudoku_grids():
-    grids = data.sudoku_grids()
+    grids = embedded.sudoku_grids()
     assert len(grids) == 288 and len(set(grids)) == 288
-    assert all(data.sudoku_valid(g) for g in grids)
+    assert all(sudoku_valid(g) for g in grids)
     assert list(grids) == brute_force_grids()  # same set, and the documented lexicographic order
 
 
 def test_sudoku_valid_rejects():
     grid = "1234341221434321"
-    assert data.sudoku_valid(grid)
-    assert not data.sudoku_valid("2134341221434321")  # columns 0 and 1 broken
-    assert not data.sudoku_valid("1234214334124321")  # rows and columns fine, top-left box is not
-    assert not data.sudoku_valid(grid[:15])
+    assert sudoku_valid(grid)
+    assert not sudoku_valid("2134341221434321")  # columns 0 and 1 broken
+    assert not sudoku_valid("1234214334124321")  # rows and columns fine, top-left box is not
+    assert not sudoku_valid(grid[:15])
 
 
 def test_make_puzzle_consistent_and_unique():
     generator = torch.Generator().manual_seed(0)
-    for grid in data.sudoku_grids()[::7]:
+    for grid in embedded.sudoku_grids()[::7]:
         for n_blanks in (0, 6, 10):
-            puzzle = data.make_puzzle(grid, n_blanks, generator)
+            puzzle = embedded.make_puzzle(grid, n_blanks, generator)
             assert puzzle.count("0") == n_blanks
             assert all(p in ("0", g) for p, g in zip(puzzle, grid))
-            assert data.sudoku_solutions(puzzle) == [grid]
-    a = data.make_puzzle(grid, 8, torch.Generator().manual_seed(3))
-    assert a == data.make_puzzle(grid, 8, torch.Generator().manual_seed(3))
+            assert embedded.sudoku_solutions(puzzle) == [grid]
+    a = embedded.make_puzzle(grid, 8, torch.Generator().manual_seed(3))
+    assert a == embedded.make_puzzle(grid, 8, torch.Generator().manual_seed(3))
     with pytest.raises(ValueError, match="unique"):
-        data.make_puzzle(grid, 16, generator, max_tries=5)
+        embedded.make_puzzle(grid, 16, generator, max_tries=5)
 
 
 def test_sudoku_split_by_puzzle():
-    train, test = data.sudoku_split(n_train=300, n_test=50, n_blanks=(4, 10), seed=1)
+    train, test = embedded.sudoku_split(n_train=300, n_test=50, n_blanks=(4, 10), seed=1)
     assert len(train) == 300 and len(test) == 50
     train_puzzles, test_puzzles = {p for p, _ in train}, {p for p, _ in test}
     assert len(train_puzzles) == 300 and len(test_puzzles) == 50 and not train_puzzles & test_puzzles
     for puzzle, solution in train + test:
-        assert 4 <= puzzle.count("0") <= 10 and data.sudoku_solutions(puzzle) == [solution]
-    assert data.sudoku_split(n_train=300, n_test=50, n_blanks=(4, 10), seed=1) == (train, test)  # seeded
-    assert data.sudoku_split(n_train=10, n_test=50, n_blanks=(4, 10), seed=1)[1] == test  # test set fixed first
-    assert data.sudoku_split(n_train=10, n_test=50, n_blanks=(4, 10), seed=2)[1] != test
+        assert 4 <= puzzle.count("0") <= 10 and embedded.sudoku_solutions(puzzle) == [solution]
+    assert embedded.sudoku_split(n_train=300, n_test=50, n_blanks=(4, 10), seed=1) == (train, test)  # seeded
+    assert embedded.sudoku_split(n_train=10, n_test=50, n_blanks=(4, 10), seed=1)[1] == test  # test set fixed first
+    assert embedded.sudoku_split(n_train=10, n_test=50, n_blanks=(4, 10), seed=2)[1] != test
 
 
 def test_sudoku_split_by_grid():
-    train, test = data.sudoku_split(n_train=400, n_test=60, seed=0, test_grids=20)
+    train, test = embedded.sudoku_split(n_train=400, n_test=60, seed=0, test_grids=20)
     test_grids, train_grids = {s for _, s in test}, {s for _, s in train}
     assert len(test_grids) <= 20 and not test_grids & train_grids
     assert not {p for p, _ in train} & {p for p, _ in test}
     assert all(p.count("0") == 8 for p, _ in train + test)
     with pytest.raises(ValueError, match="distinct puzzles"):
-        data.sudoku_split(n_train=0, n_test=100, n_blanks=1, test_grids=1)  # 1 grid has only 16 such puzzles
+        embedded.sudoku_split(n_train=0, n_test=100, n_blanks=1, test_grids=1)  # 1 grid has only 16 such puzzles
 
 
 def test_char_tokenizer_round_trips_and_saves(tmp_path):
-    tokenizer = data.make_char_tokenizer()
+    tokenizer = embedded.make_char_tokenizer()
     assert tokenizer.get_vocab_size() < 64
     for token in data.SPECIAL_TOKENS:
         assert data.encode(tokenizer, token) == [sid(tokenizer, token)]
-    train, _ = data.sudoku_split(n_train=5, n_test=1)
-    for (puzzle, solution), (ids, prompt_len) in zip(train, data.sudoku_examples(tokenizer, train)):
-        text = data.chat_prompt(data.sudoku_messages(puzzle))
+    train, _ = embedded.sudoku_split(n_train=5, n_test=1)
+    for (puzzle, solution), (ids, prompt_len) in zip(train, embedded.sudoku_examples(tokenizer, train)):
+        text = data.chat_prompt(embedded.sudoku_messages(puzzle))
         assert text.endswith(f"Solve the following Sudoku puzzle: {puzzle}<|eot_id|>"
                              "<|start_header_id|>assistant<|end_header_id|>\n\n")
         assert tokenizer.decode(ids[:prompt_len], skip_special_tokens=False) == text
         assert tokenizer.decode(ids[prompt_len:], skip_special_tokens=False) == f"<answer>{solution}</answer><|eot_id|>"
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     loaded = data.load_tokenizer(tmp_path)
-    assert data.sudoku_examples(loaded, train) == data.sudoku_examples(tokenizer, train)
+    assert embedded.sudoku_examples(loaded, train) == embedded.sudoku_examples(tokenizer, train)
     with pytest.raises(Exception):
         data.encode(tokenizer, "Q")  # outside the character set: an error, not a silent unknown token
 
 
 def test_tiny_config_for():
     pytest.importorskip("model")
-    tokenizer = data.make_char_tokenizer()
-    config = data.tiny_config_for(tokenizer, d_model=32, n_heads=2, n_kv_heads=2, n_layers=1, mlp_hidden_size=64)
+    tokenizer = embedded.make_char_tokenizer()
+    config = embedded.tiny_config_for(tokenizer, d_model=32, n_heads=2, n_kv_heads=2, n_layers=1, mlp_hidden_size=64)
     assert config.vocab_size == config.embedding_size == 56 >= tokenizer.get_vocab_size()
     assert config.mask_token_id == sid(tokenizer, data.MASK)
     assert config.eos_token_id == config.pad_token_id == sid(tokenizer, data.EOS)

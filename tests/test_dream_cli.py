@@ -13,6 +13,7 @@ from test_sample import SETTINGS
 
 import cached_sample
 import data
+import embedded
 import eval as E
 import sample
 from adapters import load_adapter, save_adapter
@@ -43,9 +44,9 @@ def tiny_dream(seed=0, dtype=torch.float64, no_mask=False):
     """A random tiny Dream (ChatML char tokenizer, grouped-query heads, q/k/v biases drawn too) and its tokenizer;
     float64 by default, so that no rounding flips a choice between two runs that should agree. no_mask: its head
     never proposes the mask token (NoMaskHead)."""
-    tokenizer = data.make_char_tokenizer(family="dream")
-    config = data.tiny_config_for(tokenizer, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64,
-                                  max_sequence_length=512)
+    tokenizer = embedded.make_char_tokenizer(family="dream")
+    config = embedded.tiny_config_for(tokenizer, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64,
+                                      max_sequence_length=512)
     g = torch.Generator().manual_seed(seed)
     model = LLaDA(config).init_weights(g, std=0.2)
     with torch.no_grad():
@@ -70,14 +71,14 @@ def dream_folder(path, seed=0, defaults=None):
     return model, tokenizer
 
 
-def random_text_ids(n, seed, n_chars=len(data.DREAM_CHAR_VOCAB)):
+def random_text_ids(n, seed, n_chars=len(embedded.DREAM_CHAR_VOCAB)):
     return torch.randint(0, n_chars, (n,), generator=torch.Generator().manual_seed(seed))  # characters only
 
 
 def padded_batch(lengths=(5, 9, 7), seed=0):
     """Prompts of these lengths, left-padded with Dream's pad: (ids (B, P), attention_mask (B, P), the prompts)."""
     prompts = [random_text_ids(n, seed + n) for n in lengths]
-    ids, mask = E.left_padded([p.tolist() for p in prompts], data.make_char_tokenizer(family="dream").token_to_id(
+    ids, mask = E.left_padded([p.tolist() for p in prompts], embedded.make_char_tokenizer(family="dream").token_to_id(
         data.EOS))
     return ids, mask, prompts
 
@@ -227,7 +228,7 @@ def chatml_ids(tokenizer, text):
 
 
 def test_the_answer_stops_at_the_turn_end():
-    tokenizer = data.make_char_tokenizer(family="dream")
+    tokenizer = embedded.make_char_tokenizer(family="dream")
     ids = data.encode(tokenizer, "ab c<|im_end|>de<|endoftext|>")
     assert sample.decode_until_stop(tokenizer, ids) == "ab c"
     assert sample.decode_until_stop(tokenizer, data.encode(tokenizer, "xy<|endoftext|><|im_end|>")) == "xy"

@@ -14,6 +14,7 @@ from tokenizers import Regex, pre_tokenizers
 
 import data
 import dream
+import embedded
 from model import LLaDA, LLaDAConfig
 
 FOLDER = DATA / "dream_tokenizer"
@@ -102,8 +103,8 @@ def test_tokenizer_json_first(tok, tmp_path):
     """A folder with tokenizer.json is read from it, even beside vocab.json; ours saved as tokenizer.json reads back
     the same."""
     folder = slow_folder(tmp_path)
-    data.make_char_tokenizer(family="dream").save(str(folder / "tokenizer.json"))
-    assert data.load_tokenizer(folder).get_vocab_size() == data.make_char_tokenizer(family="dream").get_vocab_size()
+    embedded.make_char_tokenizer(family="dream").save(str(folder / "tokenizer.json"))
+    assert data.load_tokenizer(folder).get_vocab_size() == embedded.make_char_tokenizer(family="dream").get_vocab_size()
     tok.save(str(folder / "tokenizer.json"))
     assert mismatches(data.load_tokenizer(folder)) == []
 
@@ -113,7 +114,7 @@ def test_chatml_special_ids_and_a_dream_model(tok):
     header, any text encodable (byte-level, no unknown token), and a tiny Dream reading the prompt."""
     assert data.chat_format(tok) == "chatml"
     sid = {t: tok.token_to_id(t) for t in data.DREAM_SPECIAL_TOKENS}
-    config = data.tiny_config_for(tok, d_model=32, n_heads=4, n_kv_heads=2, n_layers=1, mlp_hidden_size=64)
+    config = embedded.tiny_config_for(tok, d_model=32, n_heads=4, n_kv_heads=2, n_layers=1, mlp_hidden_size=64)
     assert (config.model_type, config.mask_token_id, config.eos_token_id) == ("Dream", sid[data.DREAM_MASK],
                                                                               sid[data.EOS])
     config = LLaDAConfig(model_type="Dream", include_qkv_bias=True, vocab_size=config.vocab_size,

@@ -19,7 +19,7 @@ from test_resume import assert_same_weights, computed, preempt, wait_for_records
 from test_train import torchrun
 
 import gift
-from data import make_char_tokenizer, tiny_config_for
+from embedded import make_char_tokenizer, tiny_config_for
 from model import LLaDA, from_pretrained
 
 DREAM = GOLDEN / "dream"

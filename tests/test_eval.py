@@ -174,8 +174,9 @@ def test_d1_prompt_exact():
 
 def test_plain_prompt_is_the_embedded_task_prompt():
     import data
+    import embedded
     sudoku = dict(question=E.SUDOKU_QUESTION.format(puzzle="3102200002100320"))
-    assert E.build_prompt("sudoku", sudoku, "plain") == data.chat_prompt(data.sudoku_messages("3102200002100320"))
+    assert E.build_prompt("sudoku", sudoku, "plain") == data.chat_prompt(embedded.sudoku_messages("3102200002100320"))
 
 
 def test_d1_prompt_in_dreams_chat_format():
@@ -183,14 +184,15 @@ def test_d1_prompt_in_dreams_chat_format():
     system turn, and d1's "<reasoning>" after the assistant header; the plain prompt is the embedded task's in
     ChatML."""
     import data
+    import embedded
     item = dict(question="Numbers: [49, 55, 53]\nTarget: 51", numbers=[49, 55, 53], target=51)
     assert E.build_prompt("countdown", item, fmt="chatml") == (
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n" + E.CTD_SYSTEM_PROMPT
         + "\n\nNumbers: [49, 55, 53]\nTarget: 51<|im_end|>\n<|im_start|>assistant\n<reasoning>")
     sudoku = dict(question=E.SUDOKU_QUESTION.format(puzzle="3102200002100320"))
     assert E.build_prompt("sudoku", sudoku, "plain", fmt="chatml") == data.chat_prompt(
-        data.sudoku_messages("3102200002100320"), "chatml")
-    assert data.chat_format(data.make_char_tokenizer(family="dream")) == "chatml"
+        embedded.sudoku_messages("3102200002100320"), "chatml")
+    assert data.chat_format(embedded.make_char_tokenizer(family="dream")) == "chatml"
 
 
 def test_few_shot_format():
@@ -476,11 +478,11 @@ def test_fixture_is_cut_from_the_full_data(full_data):
 
 
 def tiny_model_and_tokenizer(extra_chars=""):
-    import data
+    import embedded
     from model import LLaDA
-    chars = "".join(sorted(set(data.CHAR_VOCAB + extra_chars)))
-    tokenizer = data.make_char_tokenizer(chars)
-    config = data.tiny_config_for(tokenizer, d_model=32, n_heads=2, n_kv_heads=2, n_layers=2, mlp_hidden_size=64)
+    chars = "".join(sorted(set(embedded.CHAR_VOCAB + extra_chars)))
+    tokenizer = embedded.make_char_tokenizer(chars)
+    config = embedded.tiny_config_for(tokenizer, d_model=32, n_heads=2, n_kv_heads=2, n_layers=2, mlp_hidden_size=64)
     model = LLaDA(config).init_weights(torch.Generator().manual_seed(0))
     return model, tokenizer
 
@@ -562,13 +564,13 @@ def test_evaluate_two_ranks_equals_one_process(tmp_path, one_thread):
 
 def sudoku_checkpoint(tmp_path, n_items, max_sequence_length=None):
     """A tiny random model folder and a Sudoku CSV of n_items puzzles."""
-    import data
+    import embedded
     model, tokenizer = tiny_model_and_tokenizer()
     if max_sequence_length:
         model.config.max_sequence_length = max_sequence_length
     model.save_pretrained(tmp_path / "ckpt")
     tokenizer.save(str(tmp_path / "ckpt" / "tokenizer.json"))
-    pairs, _ = data.sudoku_split(n_items, 0, n_blanks=6, seed=3)
+    pairs, _ = embedded.sudoku_split(n_items, 0, n_blanks=6, seed=3)
     (tmp_path / "sudoku.csv").write_text("Puzzle,Solution\n" + "".join(f"{p},{s}\n" for p, s in pairs))
     return ["--model", str(tmp_path / "ckpt"), "--task", "sudoku", "--data", str(tmp_path / "sudoku.csv"),
             "--prompt-style", "plain", "--gen-length", "24", "--steps", "12", "--block-length", "8"]

@@ -195,11 +195,11 @@ def test_what_each_mode_runs_at_each_step(cache):
 
 
 def test_sample_cli_fast_flags_and_checks(tmp_path, capsys):
-    import data
+    import embedded
     from model import LLaDA
-    tok = data.make_char_tokenizer()
-    config = data.tiny_config_for(tok, d_model=32, n_heads=2, n_kv_heads=2, n_layers=1, mlp_hidden_size=64,
-                                  max_sequence_length=64)
+    tok = embedded.make_char_tokenizer()
+    config = embedded.tiny_config_for(tok, d_model=32, n_heads=2, n_kv_heads=2, n_layers=1, mlp_hidden_size=64,
+                                      max_sequence_length=64)
     LLaDA(config).init_weights(torch.Generator().manual_seed(0)).save_pretrained(tmp_path / "m")
     tok.save(str(tmp_path / "m" / "tokenizer.json"))
     common = ["--model", str(tmp_path / "m"), "--device", "cpu", "--raw", "--prompt", "1234"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import float32_atol, model_depth, tiny_model
 
-import data
+import embedded
 from gift import MicroBatch, gift_loss, predicting_hidden, train_step
 from model import LLaDA, add_lora, lora_layers
 
@@ -15,9 +15,9 @@ pytestmark = pytest.mark.numerics  # float32 through two code paths (conftest.py
 
 
 def tiny_dream(seed=0):
-    tokenizer = data.make_char_tokenizer(family="dream")
-    config = data.tiny_config_for(tokenizer, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64,
-                                  max_sequence_length=64)
+    tokenizer = embedded.make_char_tokenizer(family="dream")
+    config = embedded.tiny_config_for(tokenizer, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64,
+                                      max_sequence_length=64)
     model = LLaDA(config).init_weights(torch.Generator().manual_seed(seed), std=0.2)
     assert model.predicts_shifted
     return model

@@ -25,6 +25,7 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
 import data  # noqa: E402
+import embedded  # noqa: E402
 import eval as E  # noqa: E402
 import harness as H  # noqa: E402
 from model import LLaDA  # noqa: E402
@@ -50,9 +51,9 @@ def at_repo_root(monkeypatch):
 def tiny_folder(path, family="llada", seed=0):
     """A tiny random model folder (std 0.2: its likelihoods differ from choice to choice) with its character
     tokenizer; returns the model in float64 and the tokenizer."""
-    tokenizer = data.make_char_tokenizer(family=family)
-    config = data.tiny_config_for(tokenizer, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64,
-                                  max_sequence_length=256)
+    tokenizer = embedded.make_char_tokenizer(family=family)
+    config = embedded.tiny_config_for(tokenizer, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64,
+                                      max_sequence_length=256)
     model = LLaDA(config).init_weights(torch.Generator().manual_seed(seed), std=0.2)
     model.save_pretrained(path)
     tokenizer.save(str(path / "tokenizer.json"))

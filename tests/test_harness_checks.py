@@ -19,6 +19,7 @@ from test_eval import record_lines, sudoku_checkpoint  # noqa: E402
 from test_harness import TASKS, elbo_draws, requests_of, tiny_folder  # noqa: E402  (it sets the offline variables)
 
 import data  # noqa: E402
+import embedded  # noqa: E402
 import eval as E  # noqa: E402
 import harness as H  # noqa: E402
 from model import atomic_write_text  # noqa: E402
@@ -208,7 +209,7 @@ def test_a_dream_folder_without_chatml_tokens_is_refused(folders, tmp_path, no_m
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     folder = tmp_path / "dream"
     shutil.copytree(folders["dream"][0], folder)
-    tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(data.DREAM_CHAR_VOCAB)}))
+    tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(embedded.DREAM_CHAR_VOCAB)}))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in data.DREAM_SPECIAL_TOKENS

@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer, models
 
 import data
+import embedded
 from model import LLaDA, LLaDAConfig, load_weight_rows
 
 KEY = "model.transformer.blocks.0.up_proj.weight"  # the tensor the weight cases break
@@ -22,8 +23,8 @@ SIZES = dict(d_model=8, n_heads=2, n_kv_heads=2, n_layers=1, mlp_hidden_size=16)
 
 def tiny_folder(tmp, **config_changes):
     """A complete model folder (config.json, model.safetensors, tokenizer.json) of a 1-layer char-level LLaDA."""
-    tokenizer = data.make_char_tokenizer()
-    config = data.tiny_config_for(tokenizer, **SIZES)
+    tokenizer = embedded.make_char_tokenizer()
+    config = embedded.tiny_config_for(tokenizer, **SIZES)
     model = LLaDA(dataclasses.replace(config, **config_changes)).init_weights(torch.Generator().manual_seed(0))
     model.save_pretrained(tmp / "model")
     tokenizer.save(str(tmp / "model" / "tokenizer.json"))
@@ -61,7 +62,7 @@ def cut_file(path, keep):
 
 def sharded_folder(tmp):
     folder = tmp / "sharded"
-    LLaDA(data.tiny_config_for(data.make_char_tokenizer(), **SIZES)
+    LLaDA(embedded.tiny_config_for(embedded.make_char_tokenizer(), **SIZES)
           ).init_weights().save_pretrained(folder, max_shard_bytes=2000)
     shards = sorted(folder.glob("model-*.safetensors"))
     assert len(shards) >= 2
@@ -76,22 +77,22 @@ def load_rows(folder):
 
 def mask_case(tmp, tokenizer, **config_changes):
     """special_ids for a tokenizer and the tiny config with config_changes (e.g. a wrong mask_token_id)."""
-    config = data.tiny_config_for(data.make_char_tokenizer(), **SIZES)
+    config = embedded.tiny_config_for(embedded.make_char_tokenizer(), **SIZES)
     data.special_ids(tokenizer, dataclasses.replace(config, **config_changes))
 
 
 def tokenizer_without_mask():
     """A char tokenizer with every LLaDA special token but <|mdm_mask|>."""
-    tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(data.CHAR_VOCAB)}))
-    tokenizer.pre_tokenizer = data.make_char_tokenizer().pre_tokenizer
+    tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(embedded.CHAR_VOCAB)}))
+    tokenizer.pre_tokenizer = embedded.make_char_tokenizer().pre_tokenizer
     tokenizer.add_special_tokens([t for t in data.SPECIAL_TOKENS if t != data.MASK])
     return tokenizer
 
 
 def tokenizer_with_unk():
     """A char tokenizer that reads a character outside its vocabulary as its unknown token [UNK] (no error)."""
-    tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(data.CHAR_VOCAB + "?")}, unk_token="?"))
-    tokenizer.pre_tokenizer = data.make_char_tokenizer().pre_tokenizer
+    tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(embedded.CHAR_VOCAB + "?")}, unk_token="?"))
+    tokenizer.pre_tokenizer = embedded.make_char_tokenizer().pre_tokenizer
     tokenizer.add_special_tokens(list(data.SPECIAL_TOKENS))
     return tokenizer
 
@@ -105,7 +106,7 @@ def jsonl(tmp, *lines):
 
 
 GOOD = ("say hi", "hi")
-A = data.CHAR_VOCAB.index("a")  # an ordinary token of the char tokenizers
+A = embedded.CHAR_VOCAB.index("a")  # an ordinary token of the char tokenizers
 
 CASES = [
     # config.json: not JSON, not an object, a field of the wrong type
@@ -158,7 +159,7 @@ CASES = [
         (tiny_folder(t) / "tokenizer.json").write_text('{"model_max_length": 4096}') and t / "model"),
      ValueError, ["{tmp}/model/tokenizer.json", "not a tokenizer"]),
     # mask_token_id against the tokenizer and the embedding
-    ("mask_id_not_the_mask_token", lambda t: mask_case(t, data.make_char_tokenizer(), mask_token_id=44),
+    ("mask_id_not_the_mask_token", lambda t: mask_case(t, embedded.make_char_tokenizer(), mask_token_id=44),
      ValueError, ["config.json field 'mask_token_id' = 44", "'<|mdm_mask|>' token is id 48"]),
     ("mask_id_ordinary_token", lambda t: mask_case(t, tokenizer_without_mask(), mask_token_id=A),
      ValueError, [f"config.json field 'mask_token_id' = {A}", "ordinary token 'a'"]),
@@ -166,15 +167,15 @@ CASES = [
      ValueError, ["config.json field 'mask_token_id' = 56", "embedding_size = 56"]),
     # data rows the tokenizer cannot encode: named bad rows
     ("data_char_without_token", lambda t: data.load_dataset(
-        jsonl(t, GOOD, ("say hi", "café")), data.make_char_tokenizer()),
+        jsonl(t, GOOD, ("say hi", "café")), embedded.make_char_tokenizer()),
      data.DataError, ["{tmp}/data.jsonl, line 2", "the answer has 'é'", "no token", "--skip-bad-rows"]),
     ("data_unknown_token", lambda t: data.load_dataset(jsonl(t, ("say Hi", "hi"), GOOD), tokenizer_with_unk()),
      data.DataError, ["{tmp}/data.jsonl, line 1", "the prompt has 'H'", "unknown token '?'"]),
     ("data_unencodable_before_invalid_json", lambda t: data.load_dataset(
-        jsonl(t, GOOD, ("say hi", "HI"), "{not json"), data.make_char_tokenizer()),
+        jsonl(t, GOOD, ("say hi", "HI"), "{not json"), embedded.make_char_tokenizer()),
      data.DataError, ["{tmp}/data.jsonl, line 2", "the answer has 'H'"]),
     ("example_char_without_token", lambda t: data.encode_example(
-        data.make_char_tokenizer(), [{"role": "user", "content": "Q?"}], "a"),
+        embedded.make_char_tokenizer(), [{"role": "user", "content": "Q?"}], "a"),
      ValueError, ["example 0", "the prompt has 'Q'"]),
 ]
 
@@ -190,7 +191,7 @@ def test_bad_input_is_refused_with_its_name(tmp_path, setup, error, fragments):
 
 def test_unencodable_rows_are_skipped_and_counted(tmp_path):
     path = jsonl(tmp_path, GOOD, ("say hi", "café"), ("say Hi", "hi"), GOOD)
-    examples, stats = data.load_dataset(path, data.make_char_tokenizer(), skip_bad_rows=True)
+    examples, stats = data.load_dataset(path, embedded.make_char_tokenizer(), skip_bad_rows=True)
     assert len(examples) == 2 and stats["rows"] == 4 and stats["skipped_bad_rows"] == 2
     assert stats["bad_rows"][0].startswith(f"{path}, line 2: the answer has 'é'")
     assert stats["bad_rows"][1].startswith(f"{path}, line 3: the prompt has 'H'")

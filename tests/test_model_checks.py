@@ -15,7 +15,7 @@ from test_fast_sampler import float64_model
 from test_sample import left_pad
 from test_sample_eval_refusals import model_folder, refusal, sample_argv, with_defaults
 
-import data
+import embedded
 import eval as E
 import gift
 import model as M
@@ -215,7 +215,7 @@ def test_a_rows_tokens_do_not_depend_on_the_prompts_beside_it(name, family):
     prompts (left-padded by 0 to 9), in any order; the exact and the cached sampler, Gumbel noise and random
     remasking."""
     model = float64_model(3) if family == "llada" else tiny_dream(3, no_mask=True)[0]
-    vocab = model.config.eos_token_id - 1 if family == "llada" else len(data.DREAM_CHAR_VOCAB)  # no special token
+    vocab = model.config.eos_token_id - 1 if family == "llada" else len(embedded.DREAM_CHAR_VOCAB)  # no special token
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, vocab, (n,), generator=g) for n in (3, 12, 7, 5)]
     seed = lambda i: torch.Generator().manual_seed(100 + i)  # noqa: E731  the prompt's own generator

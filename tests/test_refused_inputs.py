@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import data
+import embedded
 import model as model_py
 from model import LLaDA, LLaDAConfig
 
@@ -23,8 +24,8 @@ SIZES = dict(d_model=8, n_heads=2, n_kv_heads=2, n_layers=2, mlp_hidden_size=16)
 
 def tiny_folder(tmp, family="llada"):
     """A model folder (config.json, model.safetensors, tokenizer.json) of a 2-layer char-level LLaDA or Dream."""
-    tokenizer = data.make_char_tokenizer(family=family)
-    LLaDA(data.tiny_config_for(tokenizer, **SIZES)).init_weights(torch.Generator().manual_seed(0)).save_pretrained(
+    tokenizer = embedded.make_char_tokenizer(family=family)
+    LLaDA(embedded.tiny_config_for(tokenizer, **SIZES)).init_weights(torch.Generator().manual_seed(0)).save_pretrained(
         tmp / "model")
     tokenizer.save(str(tmp / "model" / "tokenizer.json"))
     return tmp / "model"
@@ -82,7 +83,7 @@ def data_file(tmp, content, name="data.jsonl"):
 
 
 def read_data(path, **kwargs):
-    return at_once(lambda: data.load_dataset(path, data.make_char_tokenizer(), **kwargs))
+    return at_once(lambda: data.load_dataset(path, embedded.make_char_tokenizer(), **kwargs))
 
 
 def fifo(tmp):
@@ -173,7 +174,7 @@ def test_bad_input_is_refused_at_once_with_its_name(tmp_path, setup, error, frag
 
 def test_a_deep_row_is_skipped_and_counted(tmp_path):
     path = data_file(tmp_path, GOOD + "\n" + DEEP + "\n" + GOOD + "\n")
-    examples, stats = data.load_dataset(path, data.make_char_tokenizer(), skip_bad_rows=True)
+    examples, stats = data.load_dataset(path, embedded.make_char_tokenizer(), skip_bad_rows=True)
     assert len(examples) == 2 and stats["rows"] == 3 and stats["skipped_bad_rows"] == 1
     assert stats["bad_rows"][0].startswith(f"{path}, line 2: nested too deeply")
 
@@ -202,7 +203,7 @@ def test_a_20mb_line_is_dropped_before_tokenizing(tmp_path):
     counted as too long without being tokenized; the rows around it load as before."""
     huge = json.dumps({"prompt": "say hi", "response": "a" * 20_000_000})
     path = data_file(tmp_path, GOOD + "\n" + huge + "\n" + GOOD + "\n")
-    tokenizer = data.make_char_tokenizer()
+    tokenizer = embedded.make_char_tokenizer()
     examples, stats = data.load_dataset(path, NoLongTexts(tokenizer), max_len=64)
     assert stats["rows"] == 3 and stats["dropped_too_long"] == 1 and stats["examples"] == 2
     expected, _ = data.load_dataset(data_file(tmp_path, GOOD + "\n" + GOOD + "\n", "good.jsonl"), tokenizer, max_len=64)
@@ -214,7 +215,7 @@ def test_an_endless_line_is_dropped_unread(tmp_path, monkeypatch):
     hold) is skipped unread, counted as too long; the next line is read."""
     monkeypatch.setattr(data, "MAX_LINE_BYTES", 0)  # the bound becomes 64 x 64 tokens x 19 characters = 77,824 bytes
     path = data_file(tmp_path, GOOD + "\n" + "x" * 200_000 + "\n" + GOOD)
-    examples, stats = data.load_dataset(path, NoLongTexts(data.make_char_tokenizer()), max_len=64)
+    examples, stats = data.load_dataset(path, NoLongTexts(embedded.make_char_tokenizer()), max_len=64)
     assert stats["rows"] == 3 and stats["dropped_too_long"] == 1 and stats["skipped_bad_rows"] == 0
     assert len(examples) == 2
 
@@ -222,7 +223,7 @@ def test_an_endless_line_is_dropped_unread(tmp_path, monkeypatch):
 def test_the_char_bound_never_drops_a_row_that_fits():
     """max_token_chars bounds the characters of one token: every token of the char tokenizer's vocabulary, and
     max_len x it characters of text give more than max_len tokens only when the text is longer."""
-    tokenizer = data.make_char_tokenizer()
+    tokenizer = embedded.make_char_tokenizer()
     assert data.max_token_chars(tokenizer) == max(map(len, tokenizer.get_vocab())) == len(data.START_HEADER)
     text = data.START_HEADER * 10  # 10 tokens of the longest length: exactly max_len x max_token_chars characters
     assert len(data.encode(tokenizer, text)) == 10 and len(text) == 10 * data.max_token_chars(tokenizer)
@@ -233,7 +234,8 @@ def test_the_char_bound_never_drops_a_row_that_fits():
 def test_expected_tensors_are_the_model_state_dict(family, changes):
     """expected_tensors (from the config alone) names and shapes exactly what the built model holds, in the
     checkpoint's names (a tied head left out), and a clean folder passes the check."""
-    config = dataclasses.replace(data.tiny_config_for(data.make_char_tokenizer(family=family), **SIZES), **changes)
+    tokenizer = embedded.make_char_tokenizer(family=family)
+    config = dataclasses.replace(embedded.tiny_config_for(tokenizer, **SIZES), **changes)
     with torch.device("meta"):
         model = LLaDA(config)
     state = model.state_dict()

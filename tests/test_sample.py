@@ -331,10 +331,10 @@ def test_scripted_model_step_by_step(cfg_scale):
 
 def test_main_chat_and_raw(tmp_path, capsys):
     """python sample.py --model DIR --adapter DIR --prompt ... on a tiny checkpoint with the embedded char tokenizer."""
-    data = pytest.importorskip("data")
+    embedded = pytest.importorskip("embedded")
     from adapters import save_adapter
     from model import add_lora
-    tok = data.make_char_tokenizer()
+    tok = embedded.make_char_tokenizer()
     model_dir, adapter_dir = tmp_path / "model", tmp_path / "adapter"
     n = tok.get_vocab_size()
     cfg = LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=64, vocab_size=n,

@@ -16,6 +16,7 @@ from test_eval import record_lines, sudoku_checkpoint
 from test_sample import MASK, no_mask_model, random_prompts, tiny_model
 
 import data
+import embedded
 import eval as E
 import longjob  # noqa: E402
 import sample
@@ -50,15 +51,15 @@ def retrain(folder, seed=7):
 def model_folder(path, seed=0, specials=None, **sizes):
     """A tiny LLaDA folder (config.json, model.safetensors, tokenizer.json) on the char tokenizer; `specials`: the
     special tokens it has instead of LLaDA's (a tokenizer of another family)."""
-    tokenizer = data.make_char_tokenizer()
+    tokenizer = embedded.make_char_tokenizer()
     if specials is not None:
         from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, Regex, decoders
-        tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(data.CHAR_VOCAB)}))
+        tokenizer = Tokenizer(models.WordLevel({c: i for i, c in enumerate(embedded.CHAR_VOCAB)}))
         tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         tokenizer.decoder = decoders.Fuse()
         tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
-    config = data.tiny_config_for(tokenizer, **{**dict(d_model=32, n_heads=2, n_kv_heads=2, n_layers=2,
-                                                       mlp_hidden_size=64), **sizes})
+    config = embedded.tiny_config_for(tokenizer, **{**dict(d_model=32, n_heads=2, n_kv_heads=2, n_layers=2,
+                                                           mlp_hidden_size=64), **sizes})
     LLaDA(config).init_weights(torch.Generator().manual_seed(seed)).save_pretrained(path)
     tokenizer.save(str(path / "tokenizer.json"))
     return path
@@ -341,7 +342,7 @@ def test_a_sudoku_csv_saved_by_a_spreadsheet_is_read(tmp_path):
 def test_a_chat_outgrowing_the_context_starts_over(tmp_path, capsys, monkeypatch):
     """Turn 2 (turn 1 + its answer + the new message) exceeds the context: the conversation is cleared and the
     message answered alone, so turn 3 works too; /reset clears it at will."""
-    fmt_len = len(data.encode(data.make_char_tokenizer(), data.chat_prompt([{"role": "user", "content": "hi"}])))
+    fmt_len = len(data.encode(embedded.make_char_tokenizer(), data.chat_prompt([{"role": "user", "content": "hi"}])))
     folder = model_folder(tmp_path / "m", max_sequence_length=fmt_len + 8 + 4)
     monkeypatch.setattr(sys, "stdin", io.StringIO("hi\nhi\nhi\n/reset\nhi\n"))
     sample.main(["--model", str(folder), "--device", "cpu", "--gen-length", "8", "--steps", "8", "--block-length",

@@ -12,6 +12,7 @@ import torch
 from conftest import REPO, latest, metrics, train_args
 from safetensors.torch import load_file
 
+import embedded
 import gift
 import longjob
 from data import load_tokenizer
@@ -40,7 +41,7 @@ def test_options_flags_help_and_errors(capsys):
     opts = parse_options(["--model", "m", "--data", "d", "--lr", "2e-5", "--lora"])
     assert opts.lr == 2e-5 and opts.lora and opts.epochs == 20  # the paper's LoRA defaults otherwise
     assert parse_options(["--model", "m", "--data", "d", "--lora-dropout", "0"]).lora_dropout == 0.0  # 0 is given
-    assert parse_options([]).out == gift.EMBEDDED["out"]  # no --model: the embedded task's settings
+    assert parse_options([]).out == embedded.EMBEDDED["out"]  # no --model: the embedded task's settings
 
 
 def test_importing_gift_imports_no_evaluation_and_sets_no_warning_filter():

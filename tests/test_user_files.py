@@ -14,6 +14,7 @@ from conftest import latest, metrics, train_args, write_rows
 from test_eval import sudoku_checkpoint
 
 import data
+import embedded
 import eval as E
 import longjob
 import gift
@@ -108,12 +109,12 @@ def test_the_embedded_run_never_replaces_a_users_file(tmp_path, name):
 def test_the_embedded_runs_own_files_are_recognized(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    data.make_char_tokenizer().save(str(out / "tokenizer.json"))
+    embedded.make_char_tokenizer().save(str(out / "tokenizer.json"))
     (out / "sudoku_heldout.csv").write_text("Puzzle,Solution\n1234341221434321,1234341221434321\n")
     (out / "status.json").write_text(json.dumps({"state": "failed"}))
     (out / "results.json").write_text(json.dumps({"heldout": {}, "train_seconds": 1, "options": {}}))
-    (out / "generation_defaults.json").write_text(json.dumps(data.EMBEDDED_EVAL))
-    longjob.claim_output_folder(out, False, False, embedded=True).close()  # nothing refused
+    (out / "generation_defaults.json").write_text(json.dumps(embedded.EMBEDDED_EVAL))
+    longjob.claim_output_folder(out, False, False, replaced=embedded.REPLACED).close()  # nothing refused
 
 
 def test_rotation_deletes_a_checkpoint_a_kill_left_behind(base, tmp_path, monkeypatch):
@@ -192,9 +193,9 @@ def test_the_mask_tokens_text_in_an_answer_or_a_prompt_is_refused(tmp_path):
     path = tmp_path / "d.jsonl"
     write_rows(path, [("say hi", "hi"), ("say hi", f"hi {data.MASK} there")])
     with pytest.raises(data.DataError, match=r"line 2: the answer holds the mask token"):
-        data.load_dataset(path, data.make_char_tokenizer())
+        data.load_dataset(path, embedded.make_char_tokenizer())
     with pytest.raises(ValueError, match="the prompt holds the mask token"):
-        data.encode_text(data.make_char_tokenizer(), f"a {data.MASK}")
+        data.encode_text(embedded.make_char_tokenizer(), f"a {data.MASK}")
 
 
 def test_a_trainer_json_whose_step_disagrees_is_damaged(base, tmp_path, capsys):
@@ -235,4 +236,4 @@ def test_a_key_given_twice_is_refused_in_training_data_too(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"prompt": "say hi", "response": "hi", "response": "ho"}\n')
     with pytest.raises(data.DataError, match="line 1: the key 'response' is given twice"):
-        data.load_dataset(path, data.make_char_tokenizer())
+        data.load_dataset(path, embedded.make_char_tokenizer())

@@ -19,16 +19,17 @@ WORKER = r'''
 import json, sys, time
 from pathlib import Path
 sys.path.insert(0, {repo!r})
-import gift, data, longjob
+import gift, embedded, longjob
 cfg = json.loads({cfg!r})
 # the config's model and puzzles, where the embedded task's builders read them when the run starts: the model from
-# gift.EMBEDDED_MODEL (gift.embedded_inputs), the puzzles from data.EMBEDDED_PUZZLES (data.embedded_task)
-gift.EMBEDDED_MODEL.update(cfg.get("model", {{}}))
-data.EMBEDDED_PUZZLES.update(cfg.get("puzzles", {{}}), test_grids=cfg.get("test_grids", 32))
-if "global_batch" in cfg: gift.EMBEDDED_GLOBAL_BATCH = cfg["global_batch"]
+# embedded.EMBEDDED_MODEL (embedded.embedded_inputs), the puzzles from embedded.EMBEDDED_PUZZLES
+# (embedded.embedded_task), the batch from embedded.EMBEDDED_GLOBAL_BATCH (embedded.apply_defaults)
+embedded.EMBEDDED_MODEL.update(cfg.get("model", {{}}))
+embedded.EMBEDDED_PUZZLES.update(cfg.get("puzzles", {{}}), test_grids=cfg.get("test_grids", 32))
+if "global_batch" in cfg: embedded.EMBEDDED_GLOBAL_BATCH = cfg["global_batch"]
 t0 = time.time()
 opts = gift.parse_options(cfg["flags"])
-with longjob.run_folder(Path(opts.out), opts.resume, opts.overwrite, embedded=True) as preemption:
+with longjob.run_folder(Path(opts.out), opts.resume, opts.overwrite, embedded.REPLACED) as preemption:
     model, inputs, final = gift.train(opts, preemption)
 tok, held = inputs.tokenizer, inputs.heldout
 t_train = time.time() - t0
