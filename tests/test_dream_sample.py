@@ -1,4 +1,4 @@
-"""Dream's sampler (sample.py diffusion_generate) against the official Dream diffusion_generate: all 52 generations
+"""Dream's sampler (dream.py diffusion_generate) against the official Dream diffusion_generate: all 52 generations
 of tests/golden/dream/generate.json token for token (greedy maskgit_plus / topk_margin / entropy, origin, sampled,
 left-padded and unpadded), the random draws matched by an explicit generator, the legacy-defaults trap, and the
 small pieces (filters, the Categorical draw, the tokens-per-step rule) on closed forms."""
