@@ -366,3 +366,19 @@ def test_eval_records_the_flags_only_when_set(tmp_path):
     E.main(argv + ["--out", str(tmp_path / "f.json"), "--limit", "2", "--confidence-eos-eot-inf", "--logits-eos-inf"])
     settings = record_lines(tmp_path / "f.jsonl")[0]["settings"]
     assert settings["confidence_eos_eot_inf"] is True and settings["logits_eos_inf"] is True
+
+
+def test_eval_refuses_a_rerun_without_the_flags_over_records_made_with_them(tmp_path):
+    """A setting recorded only when set, unset now, is a change too: a rerun without --confidence-eos-eot-inf over
+    records made with it is refused naming it (longjob.read_records compares the settings both ways), not continued
+    with generations of another sampler."""
+    import eval as E
+    from test_eval import record_lines
+    from test_sample_eval_refusals import eval_argv
+    argv = eval_argv(tmp_path, "--batch-size", "2")
+    E.main(argv + ["--limit", "2", "--confidence-eos-eot-inf", "--logits-eos-inf"])
+    with pytest.raises(SystemExit, match="confidence_eos_eot_inf True in the file, None now"):
+        E.main(argv + ["--limit", "4", "--logits-eos-inf"])
+    assert len(record_lines(tmp_path / "r.jsonl")) == 2  # nothing added
+    E.main(argv + ["--limit", "4", "--confidence-eos-eot-inf", "--logits-eos-inf"])  # the same settings continue
+    assert [r["index"] for r in record_lines(tmp_path / "r.jsonl")] == [0, 1, 2, 3]
