@@ -382,3 +382,19 @@ def test_eval_refuses_a_rerun_without_the_flags_over_records_made_with_them(tmp_
     assert len(record_lines(tmp_path / "r.jsonl")) == 2  # nothing added
     E.main(argv + ["--limit", "4", "--confidence-eos-eot-inf", "--logits-eos-inf"])  # the same settings continue
     assert [r["index"] for r in record_lines(tmp_path / "r.jsonl")] == [0, 1, 2, 3]
+
+
+def test_harness_generate_until_passes_the_turn_end(folder, monkeypatch):
+    """The harness's GiftLM with confidence_eos_eot_inf (model_args, or harness.py's --confidence-eos-eot-inf)
+    samples with the tokenizer's <|eot_id|> (it was not passed: the first generate_until raised)."""
+    pytest.importorskip("lm_eval", reason="lm-evaluation-harness is optional: pip install -r requirements-extras.txt")
+    from lm_eval.api.instance import Instance
+
+    import data
+    import harness as H
+    calls = spy_on(monkeypatch, sample, "generate")
+    lm = H.GiftLM(model=str(folder), gen_length=8, steps=4, block_length=8, confidence_eos_eot_inf=True)
+    out = lm.generate_until([Instance("generate_until", {}, ("q: ok", {"until": []}), 0, ("t", 0, 1))])
+    assert len(out) == 1
+    (_, kw), = calls
+    assert kw["confidence_eos_eot_inf"] and kw["eot_id"] == data.load_tokenizer(folder).token_to_id(data.EOT)
