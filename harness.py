@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from data import BOS, chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text, load_tokenizer
+from data import (BOS, EOT, IM_END, chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text,
+                  load_tokenizer)
 from eval import BLOCK_LENGTH, sample_answers
 from longjob import (DTYPES, SEED_RULE, SEEDS, add_dtype_flag, add_model_flags, barrier, compute_dtype,
                      end_distributed, find_model, gather_objects, json_or_empty, load_weights, run_command_line,
@@ -238,6 +239,7 @@ class GiftLM(LM):
                                   merge=True).eval()
         check_mask_token(self.tokenizer, self.model.config)
         self.fmt = chat_format(self.tokenizer)
+        self.eot_id = self.tokenizer.token_to_id(IM_END if self.fmt == "chatml" else EOT)  # confidence_eos_eot_inf
         self.batch_size, self.mc_num, self.seed = opts.batch_size, opts.mc_num, opts.seed
         self.check_greedy, self.max_length = opts.check_greedy, max_length  # the model's, or a shorter max_length
         self.paired = opts.paired
@@ -386,7 +388,7 @@ class GiftLM(LM):
             options, until = self._generation_options(kwargs, requests[start].task_name), kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             answers = sample_answers(self.model, prompts[start:end], options, self.seed, noise[start:end],
-                                     stop_ids(self.tokenizer))  # (B, gen_length)
+                                     stop_ids(self.tokenizer), eot_id=self.eot_id)  # (B, gen_length)
             for request, answer in zip(requests[start:end], answers.tolist()):
                 out.append(cut_at_stops(decode_until_stop(self.tokenizer, answer), until))
                 self.cache_hook.add_partial("generate_until", request.args, out[-1])

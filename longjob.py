@@ -1419,7 +1419,9 @@ def read_records(path, settings):
                 raise SystemExit(f"eval.py: {path} holds generations of another {what}: fingerprint {old[k]} in the "
                                  f"file, {settings.get(k)} now ({settings[what]}: replaced or retrained since); use "
                                  "another --out, or delete the file to start over")
-        changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v and k not in FINGERPRINTS}
+        # both ways: a setting recorded only when set (eval.run_settings' extras) and unset now differs too
+        changed = {k: (old.get(k), settings.get(k)) for k in {**settings, **old}
+                   if old.get(k) != settings.get(k) and k not in FINGERPRINTS}
         if changed:
             what = ", ".join(f"{k} {old!r} in the file, {new!r} now" for k, (old, new) in changed.items())
             raise SystemExit(f"eval.py: {path} holds generations made with other settings ({what}); use another "

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 # -----------------------------------------------------------------------------
 # The reference: the official generate.py, line for line. Changed, marked "# changed": the random draws take a
 # generator; CFG without an attention mask passes None (the official code raises a NameError there); the model
-# returns logits itself instead of an output object with .logits; tensors go to the prompt's device.
+# returns logits itself instead of an output object with .logits; tensors go to the prompt's device; the hard-coded
+# EOS 126081 and EoT 126348 of logits_eos_inf / confidence_eos_eot_inf are the arguments eos_id / eot_id.
 
 
 def official_add_gumbel_noise(logits, temperature, generator=None):
@@ -32,7 +33,8 @@ def official_get_num_transfer_tokens(mask_index, steps):
 
 @torch.no_grad()
 def official_generate(model, prompt, attention_mask=None, steps=128, gen_length=128, block_length=128,
-                      temperature=0., cfg_scale=0., remasking='low_confidence', mask_id=126336, generator=None):
+                      temperature=0., cfg_scale=0., remasking='low_confidence', mask_id=126336, logits_eos_inf=False,
+                      confidence_eos_eot_inf=False, generator=None, eos_id=126081, eot_id=126348):  # changed
     device = prompt.device  # changed: model.device
     x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long).to(device)
     x[:, :prompt.shape[1]] = prompt.clone()
@@ -62,8 +64,12 @@ def official_generate(model, prompt, attention_mask=None, steps=128, gen_length=
                 logits = un_logits + (cfg_scale + 1) * (logits - un_logits)
             else:
                 logits = model(x, attention_mask=attention_mask)  # changed: no .logits
+            if logits_eos_inf:
+                logits[:, :, eos_id] = -torch.inf  # changed: 126081
             logits_with_noise = official_add_gumbel_noise(logits, temperature=temperature, generator=generator)
             x0 = torch.argmax(logits_with_noise, dim=-1)  # b, l
+            if confidence_eos_eot_inf:
+                logits_with_noise[:, :, eos_id] = logits[:, :, eot_id] = -torch.inf  # changed: 126081, 126348
             if remasking == 'low_confidence':
                 p = F.softmax(logits, dim=-1)
                 x0_p = torch.squeeze(torch.gather(p, dim=-1, index=torch.unsqueeze(x0, -1)), -1)  # b, l
