@@ -182,7 +182,8 @@ def test_samplers_refuse_ids_outside_the_vocabulary_and_answers_past_the_context
     for bad, id_ in [(0, V), (1, -1)]:
         ids = ok.clone()
         ids[bad, 3] = id_
-        with pytest.raises(ValueError, match=rf"sample.py {sampler}: prompt holds the token id {id_}, outside the "
+        where = dict(generate="sample.py", generate_cached="cached_sample.py", diffusion_generate="dream.py")[sampler]
+        with pytest.raises(ValueError, match=rf"{where} {sampler}: prompt holds the token id {id_}, outside the "
                                              rf"model's vocabulary \(ids 0 .. {V - 1}"):
             run(ids, 8)
     with pytest.raises(ValueError, match=rf"the prompt's 6 tokens \+ {name}=20 exceed the model's context \(config "
