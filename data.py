@@ -10,7 +10,6 @@ answer (they are noised and trained on, as in LLaDA's SFT, so the model learns w
 
 import argparse
 import array
-import functools
 import hashlib
 import json
 import re
@@ -56,7 +55,6 @@ CHAT_FORMATS = {  # keyed by chat_format(tokenizer)
     "llada": ChatFormat(SPECIAL_TOKENS, dict(bos=BOS, eot=EOT, start_header=START_HEADER, end_header=END_HEADER), MASK),
     "chatml": ChatFormat(DREAM_SPECIAL_TOKENS, dict(start_header=IM_START, eot=IM_END), DREAM_MASK),
 }
-
 ROLES = ("system", "user", "assistant")
 FORMATS = ("messages", "prompt-response", "s1k", "s1k-1.1")
 ENCODE_CHUNK = 2048  # rows tokenized per encode_batch call: parallel in Rust, bounded memory for big files
@@ -65,14 +63,17 @@ MAX_BAD_ROWS_KEPT = 10  # error messages of skipped rows kept in the stats for t
 # format reads (s1K's other trajectories), and a line with no end (a file without line breaks) is never held whole
 MAX_LINE_BYTES = 64 << 20
 MAX_FILE_BYTES = 256 << 20  # a data file read whole (eval.py's test and shot files: a few MB)
+NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),  # not a regular file, in words
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+        (b"\xfe\xff", "UTF-16"))  # byte order marks, UTF-32's first (its LE mark starts as UTF-16's)
 CR_BREAK = re.compile(rb"\r[ \t]*[^\s]")  # a line break of CR alone (classic Mac files read as one line)
-
+# an answer's padding of turn ends or EOS, as LLaDA's SFT pads (experiments/countdown.py's fixed-length answers)
+END_PADDING = re.compile(f"(?:{re.escape(EOT)}|{re.escape(IM_END)}|{re.escape(EOS)})+$")
 # d1 / wd1's instruction before each s1K question (github.com/dllm-reasoning/d1, SFT/sft_trainer.py; a test checks it)
 SFT_SYSTEM_PROMPT = ("\nRespond in the following format:\n<reasoning>\nYour reasoning here\n</reasoning>\n"
                      "<answer>\n...\n</answer>\n")
-
-# d1's Sudoku question without its long instruction (d1 adds a trailing "\n" that the chat format strips anyway):
-# eval.py's SUDOKU_QUESTION; also the embedded task's prompt (embedded.py), short enough for a tiny model on a CPU
+# d1's Sudoku question without its long instruction (and the "\n" chat_prompt strips): eval.py's, and embedded.py's
 SUDOKU_TASK_PROMPT = "Solve the following Sudoku puzzle: {puzzle}"
 
 # -----------------------------------------------------------------------------
@@ -80,12 +81,17 @@ SUDOKU_TASK_PROMPT = "Solve the following Sudoku puzzle: {puzzle}"
 
 
 def load_tokenizer(model_dir):
-    """The `tokenizers` tokenizer of a model folder: its tokenizer.json, or in a folder without one (Dream-v0's), the
-    slow Qwen2 tokenizer's vocab.json, merges.txt and tokenizer_config.json, built as transformers builds them."""
+    """A model folder's tokenizer.json, or without one (Dream-v0's) its slow Qwen2 files, built as transformers does."""
     folder = Path(model_dir)
     path = folder / "tokenizer.json"
     if path.is_file():
-        tokenizer = _tokenizer_json(path)
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception; say whether the JSON or its content is wrong
+            read_json_file(path)
+            raise ValueError(f"{path}: valid JSON, but not a tokenizer the `tokenizers` library reads ({e}); it "
+                             "must be a Hugging Face tokenizer.json (not tokenizer_config.json or a sentencepiece "
+                             "model)") from None
     elif (folder / "vocab.json").is_file():
         tokenizer = qwen2_tokenizer(folder)
     else:
@@ -96,18 +102,17 @@ def load_tokenizer(model_dir):
     return tokenizer
 
 
-def _tokenizer_json(path):
-    try:
-        return Tokenizer.from_file(str(path))
-    except Exception as e:  # tokenizers raises a bare Exception; say whether the JSON or its content is wrong
-        read_json_file(path)
-        raise ValueError(f"{path}: valid JSON, but not a tokenizer the `tokenizers` library reads ({e}); it must be "
-                         "a Hugging Face tokenizer.json (not tokenizer_config.json or a sentencepiece model)") from None
-
-
 def encode(tokenizer, text):
     """Text -> ids, exactly the tokens of `text`: special tokens are matched in it, nothing (no BOS) is added."""
     return tokenizer.encode(text, add_special_tokens=False).ids
+
+
+def _encoding(tokenizer, text):
+    """tokenizer.encode(text) as encode() does, or None where it raises (a character with no token)."""
+    try:
+        return tokenizer.encode(text, add_special_tokens=False)
+    except Exception:
+        return None
 
 
 def _token_id(tokenizer, token):
@@ -130,35 +135,21 @@ class SpecialIds:
 
 
 def chat_format(tokenizer):
-    """Which chat format a tokenizer is for: "chatml" (Dream-v0, Qwen2.5: it has <|im_start|> or <|im_end|>; a
-    missing one of the two is then named as ChatML's) or "llada"."""
+    """Which chat format a tokenizer is for: "chatml" (Dream-v0's) when it has <|im_start|> or <|im_end|> (a missing one
+    of the two is then named as ChatML's), else "llada"."""
     return "chatml" if {tokenizer.token_to_id(IM_START), tokenizer.token_to_id(IM_END)} != {None} else "llada"
 
 
-def _encoding(tokenizer, text):
-    """tokenizer.encode(text) as encode() does, or None where it raises (a character with no token: the tokenizer's
-    "Missing [UNK] token")."""
-    try:
-        return tokenizer.encode(text, add_special_tokens=False)
-    except Exception:
-        return None
-
-
 def check_chat_tokens(tokenizer, where, hint=""):
-    """The chat format's tokens each read in text as one token, or a one-line ValueError naming `where` (the
-    tokenizer's folder or file). chat_prompt writes them as text: a missing token, or one that is only a plain
-    vocabulary entry (not under 'added_tokens', so the BPE spells it out in pieces), turns the template into ordinary
-    characters the model never saw as one. The one check of gift.py, sample.py and eval.py. Returns {token: id}."""
+    """{token: id} of the chat format's tokens, each read in text as one token, else a ValueError naming `where`."""
     fmt = chat_format(tokenizer)
     ids = {token: tokenizer.token_to_id(token) for token in CHAT_FORMATS[fmt].text_tokens.values()}
-    missing = [token for token, token_id in ids.items() if token_id is None]
-    if missing:
+    if missing := [token for token, token_id in ids.items() if token_id is None]:
         what = ("of ChatML's format (Dream's), whose other tokens it has" if fmt == "chatml" else
                 f"it is neither LLaDA's nor Dream's (ChatML, {IM_START})")
         raise ValueError(f"{where}: its tokenizer has no chat token {', '.join(missing)}: {what}, so there is no chat "
                          f"format to wrap the prompt in{hint}")
-    encodings = {token: _encoding(tokenizer, token) for token in ids}
-    split = [token for token, e in encodings.items() if e is None or e.ids != [ids[token]]]
+    split = [token for token in ids if (e := _encoding(tokenizer, token)) is None or e.ids != [ids[token]]]
     if split:
         raise ValueError(f"{where}: its tokenizer does not read {', '.join(split)} in text as one token (a plain "
                          "vocabulary entry, spelled out in pieces); it must be listed under 'added_tokens' in "
@@ -167,9 +158,8 @@ def check_chat_tokens(tokenizer, where, hint=""):
 
 
 def special_ids(tokenizer, config, where="the tokenizer"):
-    """mask / eos / pad from the model config (config.json), the chat-format tokens from the tokenizer (checked:
-    check_chat_tokens, naming `where`, the tokenizer's folder). A full model config (one with embedding_size, e.g.
-    LLaDAConfig) is also checked against the tokenizer (check_mask_token)."""
+    """mask / eos / pad from config.json, the chat format's tokens from the tokenizer (check_chat_tokens, naming
+    `where`); a full model config (one with embedding_size, e.g. LLaDAConfig) also passes check_mask_token."""
     for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(config, name, None)
         if not isinstance(value, int) or isinstance(value, bool):
@@ -182,11 +172,9 @@ def special_ids(tokenizer, config, where="the tokenizer"):
 
 
 def check_mask_token(tokenizer, config):
-    """config.json's token ids against the model and the tokenizer: each a row of the embedding, and mask_token_id
-    the id of the tokenizer's <|mdm_mask|> (when it has one) and never an ordinary text token, which the model could
-    not tell apart from a masked position."""
-    E = config.embedding_size
-    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    """config.json's token ids against the model and the tokenizer: each a row of the embedding, and mask_token_id the
+    tokenizer's mask token, never an ordinary one (which the model could not tell apart from a masked position)."""
+    E, size = config.embedding_size, tokenizer.get_vocab_size(with_added_tokens=True)
     if size > E:  # its last ids would index past the embedding (an IndexError, or a CUDA assert, mid-generation)
         raise ValueError(f"the tokenizer has {size} tokens (ids up to {size - 1}) but the model's embedding only "
                          f"{E} rows (config.json embedding_size = {E}): tokenizer.json and config.json come from "
@@ -195,7 +183,8 @@ def check_mask_token(tokenizer, config):
         if not 0 <= getattr(config, name) < E:
             raise ValueError(f"config.json field {name!r} = {getattr(config, name)} is outside the embedding "
                              f"(embedding_size = {E}: ids 0 .. {E - 1}); config.json belongs to another model?")
-    mask_id, (mask, tokenizer_mask_id) = config.mask_token_id, mask_token(tokenizer)
+    mask_id, mask = config.mask_token_id, CHAT_FORMATS[chat_format(tokenizer)].mask
+    tokenizer_mask_id = tokenizer.token_to_id(mask)  # None without one
     if tokenizer_mask_id is not None and tokenizer_mask_id != mask_id:
         raise ValueError(f"config.json field 'mask_token_id' = {mask_id}, but the tokenizer's {mask!r} token is id "
                          f"{tokenizer_mask_id}: tokenizer.json and config.json come from different models (or set "
@@ -208,30 +197,18 @@ def check_mask_token(tokenizer, config):
 
 
 # -----------------------------------------------------------------------------
-# Chat formats: LLaDA-8B-Instruct's (Llama 3's headers) and Dream-v0's (Qwen2.5's ChatML); the tokenizer says which
+# Chat formats (LLaDA's Llama 3 headers, Dream's ChatML), and encoding that refuses the text a model would misread
 
 
 def chat_prompt(messages, fmt="llada"):
-    """The chat template, written out: each turn, then the header of the assistant turn that the answer (or
-    generation) follows. `messages` is a list of {"role", "content"}; fmt is chat_format(tokenizer).
-    "llada", LLaDA-8B-Instruct's: BOS once, each turn with its header. The official Jinja template appends
-    '<|start_header_id|>assistant<|end_header_id|>\\n\\n' after EVERY conversation, even one ending with the
-    answer (so do d1's and wd1's SFT sequences); ours ends a training sequence with the answer's <|eot_id|> and pads.
-    "chatml", Dream-v0's (Qwen2.5's tokenizer_config.json template): a system turn CHATML_SYSTEM first when the
-    messages have none, then '<|im_start|>assistant\\n'."""
+    """The chat template written out (fmt: chat_format(tokenizer)): each {"role", "content"} turn, then the assistant
+    header the answer or generation follows (LLaDA's official template adds it after an answer too; ours does not)."""
     if fmt == "chatml":
         system = [] if messages and messages[0]["role"] == "system" else [dict(role="system", content=CHATML_SYSTEM)]
         turns = "".join(f"{IM_START}{m['role']}\n{m['content'].strip()}{IM_END}\n" for m in system + list(messages))
         return turns + f"{IM_START}assistant\n"
-    text = BOS
-    for m in messages:
-        text += f"{START_HEADER}{m['role']}{END_HEADER}\n\n{m['content'].strip()}{EOT}"
-    return text + f"{START_HEADER}assistant{END_HEADER}\n\n"
-
-
-def encode_prompt(tokenizer, messages):
-    """The ids a model is given to answer `messages` (for generation), in the tokenizer's chat format."""
-    return encode(tokenizer, chat_prompt(messages, chat_format(tokenizer)))
+    turns = "".join(f"{START_HEADER}{m['role']}{END_HEADER}\n\n{m['content'].strip()}{EOT}" for m in messages)
+    return BOS + turns + f"{START_HEADER}assistant{END_HEADER}\n\n"
 
 
 def _unknown_token(tokenizer):
@@ -243,90 +220,65 @@ def _unknown_token(tokenizer):
     return unk, tokenizer.token_to_id(unk) if unk else None
 
 
-def _around(text, start, end):
-    return f"{text[start:end]!r} (U+{ord(text[start]):04X}) in ...{text[max(0, start - 20):end + 20]!r}..."
-
-
-def _unencodable(tokenizer, text, unk):
-    """{character: its first position} for each character of `text` outside its special tokens (such as <|eot_id|>)
-    that the tokenizer has no faithful token for: encoding it alone raises (a vocabulary without an unknown token,
-    as the embedded task's character-level one) or gives the unknown token. In order of appearance."""
-    unk_token, unk_id = unk
+def unencodable_characters(tokenizer, text, unk=None):
+    """{character: first position} for each character of `text`, outside its special tokens, that has no token: alone,
+    it fails to encode or is read as the unknown token (unk: _unknown_token's, found when not given)."""
+    unk_token, unk_id = unk or _unknown_token(tokenizer)
     added = sorted((t.content for t in tokenizer.get_added_tokens_decoder().values()), key=len, reverse=True)
     spans = [m.span() for m in re.finditer("|".join(map(re.escape, added)), text)] if added else []
-    readable, bad = {}, {}
+    seen, bad = set(), {}
     for pos, ch in enumerate(text):
-        if ch in readable or any(a <= pos < b for a, b in spans):
-            continue
-        encoding = _encoding(tokenizer, ch)
-        readable[ch] = encoding is not None and not (unk_id is not None and unk_id in encoding.ids and ch != unk_token)
-        if not readable[ch]:
-            bad[ch] = pos
+        if ch not in seen and not any(a <= pos < b for a, b in spans):
+            seen.add(ch)
+            encoding = _encoding(tokenizer, ch)
+            if encoding is None or (unk_id is not None and unk_id in encoding.ids and ch != unk_token):
+                bad[ch] = pos
     return bad
 
 
+def mask_in_text(tokenizer, text, encoding=None):
+    """Why `text` (or its encoding, when given) cannot be given to the model, or None: it holds the mask token."""
+    mask = CHAT_FORMATS[chat_format(tokenizer)].mask
+    encoding = tokenizer.encode(text, add_special_tokens=False) if encoding is None else encoding
+    if tokenizer.token_to_id(mask) in encoding.ids:  # None (no mask token) is in no encoding
+        return f"holds the mask token {mask!r} as text (the model reads it as a masked position); remove it"
+    return None
+
+
 def _unreadable(tokenizer, text, encoding, unk):
-    """Why `text` has no faithful encoding (None when it has): a character with no token, found in `encoding`
-    read as the unknown token, or, when encoding is None (encode raised), as the first character that fails alone."""
+    """Why `text` (encoded as `encoding`, None where encode raised) cannot be given to the model, or None."""
+    def around(start, end):
+        return f"{text[start:end]!r} (U+{ord(text[start]):04X}) in ...{text[max(0, start - 20):end + 20]!r}..."
+
     unk_token, unk_id = unk
     if encoding is None:
-        bad = _unencodable(tokenizer, text, unk)
-        if not bad:
-            return "cannot be tokenized"
-        pos = next(iter(bad.values()))
-        return f"has {_around(text, pos, pos + 1)}, a character the tokenizer has no token for"
+        pos = next(iter(unencodable_characters(tokenizer, text, unk).values()), None)  # the first character
+        return ("cannot be tokenized" if pos is None else
+                f"has {around(pos, pos + 1)}, a character the tokenizer has no token for")
     if unk_id is not None and unk_id in encoding.ids:
         for token_id, (start, end) in zip(encoding.ids, encoding.offsets):
             if token_id == unk_id and text[start:end] != unk_token:  # the literal unknown token in text is fine
-                return f"has {_around(text, start, end)}, which the tokenizer reads as its unknown token {unk_token!r}"
-    return None
-
-
-def unencodable_characters(tokenizer, text):
-    """The distinct characters of `text` (outside its special tokens, in order of appearance) that the tokenizer has
-    no faithful token for. [] for LLaDA's byte-level BPE, which encodes any text."""
-    return list(_unencodable(tokenizer, text, _unknown_token(tokenizer)))
-
-
-def mask_token(tokenizer):
-    """(text, id) of the tokenizer's diffusion mask token (<|mdm_mask|>, Dream's <|mask|>); id None without one."""
-    text = CHAT_FORMATS[chat_format(tokenizer)].mask
-    return text, tokenizer.token_to_id(text)
-
-
-def _holds_mask(encoding, mask):
-    """Why an encoded text cannot be a prompt or an answer, or None: it holds the mask token (its literal text), which
-    the model would read as a position to fill in, and training would teach as a clean token."""
-    if encoding is not None and mask[1] is not None and mask[1] in encoding.ids:
-        return f"holds the mask token {mask[0]!r} as text (the model reads it as a masked position); remove it"
-    return None
-
-
-def mask_in_text(tokenizer, text):
-    """_holds_mask for a text: why it cannot be given to the model, or None."""
-    return _holds_mask(tokenizer.encode(text, add_special_tokens=False), mask_token(tokenizer))
+                return f"has {around(start, end)}, which the tokenizer reads as its unknown token {unk_token!r}"
+    return mask_in_text(tokenizer, text, encoding)
 
 
 def encode_text(tokenizer, text, what="the prompt"):
-    """encode(), refusing text the tokenizer cannot encode faithfully with a one-line ValueError that names the
-    characters (and, for a small vocabulary such as the embedded task's, the alphabet the model can read), and text
-    holding the mask token."""
-    bad = unencodable_characters(tokenizer, text)
-    if not bad:
-        encoding = tokenizer.encode(text, add_special_tokens=False)  # as encode()
-        problem = _holds_mask(encoding, mask_token(tokenizer))
-        if problem:
-            raise ValueError(f"{what} {problem}")
-        return encoding.ids
-    names = ", ".join(f"{ch!r} (U+{ord(ch):04X})" for ch in bad)
-    alphabet = [t for t, _ in sorted(tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])]
-    hint = f"; this model reads only {''.join(alphabet)!r}" if len(alphabet) <= 256 else ""
-    raise ValueError(f"{what} has characters this model's tokenizer cannot encode: {names}{hint}")
+    """encode(), or a one-line ValueError naming the mask token or every character the tokenizer has no token for."""
+    if bad := unencodable_characters(tokenizer, text):
+        names = ", ".join(f"{ch!r} (U+{ord(ch):04X})" for ch in bad)
+        alphabet = [t for t, _ in sorted(tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])]
+        hint = f"; this model reads only {''.join(alphabet)!r}" if len(alphabet) <= 256 else ""
+        raise ValueError(f"{what} has characters this model's tokenizer cannot encode: {names}{hint}")
+    encoding = tokenizer.encode(text, add_special_tokens=False)  # as encode()
+    if problem := mask_in_text(tokenizer, text, encoding):
+        raise ValueError(f"{what} {problem}")
+    return encoding.ids
 
 
-def encode_pairs(tokenizer, pairs):
-    """[(messages, answer)] -> per pair (ids, prompt_len), or a BadRow when the tokenizer cannot encode its text (a
-    character outside its vocabulary: it raises, or gives its unknown token). See encode_examples."""
+def encode_examples(tokenizer, pairs, bad_rows=False):
+    """[(messages, answer)] -> [(ids, prompt_len)], ids = prompt + answer (stripped, as the template trims every turn)
+    + the turn's end, tokenized in one batch, the prompt apart (so its ids are exactly what generation is given). An
+    _unreadable text raises a ValueError naming the example, or with bad_rows is a BadRow in its place."""
     fmt = chat_format(tokenizer)
     eot = _token_id(tokenizer, CHAT_FORMATS[fmt].text_tokens["eot"])  # ends the answer's turn
     texts = [chat_prompt(messages, fmt) for messages, _ in pairs] + [answer.strip() for _, answer in pairs]
@@ -334,35 +286,19 @@ def encode_pairs(tokenizer, pairs):
         encodings = tokenizer.encode_batch(texts, add_special_tokens=False)
     except Exception:  # some text holds a character with no token: find which
         encodings = [_encoding(tokenizer, text) for text in texts]
-    unk, mask = _unknown_token(tokenizer), mask_token(tokenizer)
-    n, results = len(pairs), []
+    unk, n, results = _unknown_token(tokenizer), len(pairs), []
     for p, a, p_text, a_text in zip(encodings[:n], encodings[n:], texts[:n], texts[n:]):
-        where, problem = "the prompt", _unreadable(tokenizer, p_text, p, unk) or _holds_mask(p, mask)
+        where, problem = "the prompt", _unreadable(tokenizer, p_text, p, unk)
         if problem is None:
-            where, problem = "the answer", _unreadable(tokenizer, a_text, a, unk) or _holds_mask(a, mask)
+            where, problem = "the answer", _unreadable(tokenizer, a_text, a, unk)
+        if problem and not bad_rows:
+            raise ValueError(f"example {len(results)}: {where} {problem}")
         results.append(BadRow(None, f"{where} {problem}") if problem else (p.ids + a.ids + [eot], len(p.ids)))
     return results
 
 
-def encode_examples(tokenizer, pairs):
-    """[(messages, answer)] -> [(ids, prompt_len)], ids = prompt + answer + <|eot_id|>, tokenized in one batch.
-    Prompt and answer are tokenized separately, so the prompt ids are exactly what generation is given
-    (encode_prompt) and prompt_len is exact. The answer is stripped, as the official template trims every turn.
-    Text the tokenizer cannot encode raises ValueError naming the example and the character."""
-    results = encode_pairs(tokenizer, pairs)
-    for i, result in enumerate(results):
-        if isinstance(result, BadRow):
-            raise ValueError(f"example {i}: {result.problem}")
-    return results
-
-
-def encode_example(tokenizer, messages, answer):
-    """One training sequence: (prompt + answer + <|eot_id|> ids, prompt length)."""
-    return encode_examples(tokenizer, [(messages, answer)])[0]
-
-
 # -----------------------------------------------------------------------------
-# JSONL readers. Each row becomes (prompt messages, answer text).
+# JSONL readers: the file, its lines, each a JSON object, each row (prompt messages, answer text)
 
 
 class DataError(ValueError):
@@ -370,8 +306,7 @@ class DataError(ValueError):
 
     def __init__(self, path, line, field, problem):
         self.path, self.line, self.field, self.problem = str(path), line, field, problem
-        where = f"{path}, line {line}" + (f", field '{field}'" if field else "")
-        super().__init__(f"{where}: {problem}")
+        super().__init__(f"{path}, line {line}" + (f", field '{field}'" if field else "") + f": {problem}")
 
 
 class BadRow(Exception):
@@ -381,166 +316,39 @@ class BadRow(Exception):
         self.field, self.problem = field, problem
 
 
-def _get(obj, key, field=None):
-    if key not in obj:
-        raise BadRow(field or key, "missing")
-    return obj[key]
-
-
-# an answer's padding of turn ends or EOS, as LLaDA's SFT pads (experiments/countdown.py's fixed-length answers)
-END_PADDING = re.compile(f"(?:{re.escape(EOT)}|{re.escape(IM_END)}|{re.escape(EOS)})+$")
-
-
-def _text(value, field, allow_empty=False, specials=None, answer=False):
-    if not isinstance(value, str):
-        raise BadRow(field, f"must be a string, got {type(value).__name__}")
-    if not allow_empty and not value.strip():
-        raise BadRow(field, "is empty")
-    found = specials and specials.search(END_PADDING.sub("", value) if answer else value)  # an answer may end padded
-    if found:  # encoded, it would be the token itself: a turn the row does not have, or an answer ended early
-        raise BadRow(field, f"holds the special token {found.group()!r} as text, which the tokenizer reads as that "
-                            "token itself (a fake chat turn or an early end); remove it")
-    return value
-
-
-def special_text(tokenizer):
-    """A regex of the texts the tokenizer reads as special tokens (its added tokens flagged special, the chat format's)
-    but the mask (encode_pairs refuses that one); None when there are none. parse_row refuses them in a row's text."""
-    fmt = CHAT_FORMATS[chat_format(tokenizer)]
-    added = tokenizer.get_added_tokens_decoder().values()
-    tokens = {t.content for t in added if t.special or t.content in fmt.specials} - {fmt.mask}
-    return re.compile("|".join(map(re.escape, sorted(tokens, key=len, reverse=True)))) if tokens else None
-
-
-def _s1k_pair(question, trace, attempt):
-    # d1 / wd1's SFT formatting of s1K (SFT/sft_trainer.py)
-    user = SFT_SYSTEM_PROMPT + "\n\n" + question
-    return [{"role": "user", "content": user}], f"<reasoning>{trace}</reasoning>\n<answer>{attempt}</answer>"
-
-
-def detect_format(row):
-    """The format of one JSONL row (json_object), from its field names."""
-    if "messages" in row:
-        return "messages"  # Tulu 3, open-r1 Mixture-of-Thoughts, ...
-    if "deepseek_thinking_trajectory" in row:
-        return "s1k-1.1"
-    if "thinking_trajectories" in row:
-        return "s1k"
-    if "prompt" in row or "response" in row:
-        return "prompt-response"
-    raise BadRow(None, f"cannot tell the format from the fields {sorted(row)}: expected 'messages', "
-                        "'prompt' + 'response', s1K's 'question' + 'thinking_trajectories' + 'attempt', or s1K-1.1's "
-                        "'question' + 'deepseek_thinking_trajectory' + 'deepseek_attempt' (or force a format: "
-                        f"fmt in {FORMATS})")
-
-
-def parse_row(row, fmt, specials=None):
-    """One JSON object (json_object) -> (prompt messages, answer). Raises BadRow naming the field, also for a text
-    holding a match of `specials` (special_text)."""
-    text = functools.partial(_text, specials=specials)
-    if fmt == "messages":  # train on the last turn, which must be the assistant's; all earlier turns are the prompt
-        messages = _get(row, "messages")
-        if not isinstance(messages, list) or len(messages) < 2:
-            raise BadRow("messages", "must be a list of at least 2 {role, content} turns, the last the assistant's")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict):
-                raise BadRow(f"messages[{i}]", f"must be an object with role and content, got {type(m).__name__}")
-            role = text(_get(m, "role", f"messages[{i}].role"), f"messages[{i}].role")
-            if role not in ROLES:
-                raise BadRow(f"messages[{i}].role", f"{role!r} is not one of {ROLES}")
-            content = f"messages[{i}].content"
-            last = i == len(messages) - 1
-            text(_get(m, "content", content), content, allow_empty=not last, answer=last)  # the answer: not empty
-        if messages[-1]["role"] != "assistant":
-            raise BadRow(f"messages[{len(messages) - 1}].role", "the last turn must be the assistant's answer")
-        return [{"role": m["role"], "content": m["content"]} for m in messages[:-1]], messages[-1]["content"]
-    if fmt == "prompt-response":
-        prompt = text(_get(row, "prompt"), "prompt")
-        return [{"role": "user", "content": prompt}], text(_get(row, "response"), "response", answer=True)
-    if fmt == "s1k":
-        question = text(_get(row, "question"), "question")
-        traces = _get(row, "thinking_trajectories")
-        if not isinstance(traces, list) or not traces:
-            raise BadRow("thinking_trajectories", f"must be a non-empty list of strings, got {traces!r:.40}")
-        trace = text(traces[0], "thinking_trajectories[0]")
-        return _s1k_pair(question, trace, text(_get(row, "attempt"), "attempt"))
-    if fmt == "s1k-1.1":
-        question = text(_get(row, "question"), "question")
-        trace = text(_get(row, "deepseek_thinking_trajectory"), "deepseek_thinking_trajectory")
-        return _s1k_pair(question, trace, text(_get(row, "deepseek_attempt"), "deepseek_attempt"))
-    raise ValueError(f"unknown data format {fmt!r}; choose one of {FORMATS} or 'auto'")
-
-
-def max_token_chars(tokenizer):
-    """The most characters one token can stand for: its vocabulary's longest entry (added tokens included), x 4 when
-    the tokenizer normalizes first (NFC composes at most 4 code points into one). A longer text than max_len x this
-    cannot fit max_len tokens: load_dataset drops it untokenized (20 MB of text cost ~8 GB in the tokenizer)."""
-    longest = max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1)
-    return longest * (4 if tokenizer.normalizer is not None else 1)
-
-
-def file_lines(f, limit):
-    """(line number, bytes, whole) for each line of the binary file f: a line longer than `limit` bytes (None: no
-    limit) is cut there (whole False) and the rest of it skipped, never held in memory."""
-    for line_no, raw in enumerate(iter(lambda: f.readline(-1 if limit is None else limit + 1), b""), start=1):
-        whole = limit is None or len(raw) <= limit or raw.endswith(b"\n")
-        rest = raw
-        while not rest.endswith(b"\n") and rest and not whole:  # skip to the next line break
-            rest = f.readline(1 << 20)
-        yield line_no, raw, whole
-
-
-def _file_kind(path):
-    """What a path that is not a regular file is, in words."""
-    mode = path.stat().st_mode
-    return next((kind for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
-                                         (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                                         (stat.S_ISSOCK, "a socket")) if test(mode)), "something else")
-
-
-def _wrong_encoding(head):
-    """(what, encoding) when a data file's first bytes say it is UTF-16 or UTF-32, not UTF-8 (else None): a byte order
-    mark, or zero bytes where those put them beside ASCII characters (UTF-8 JSON never holds a zero byte)."""
-    for bom, name in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
-                      (b"\xfe\xff", "UTF-16")):
-        if head.startswith(bom):
-            return f"starts with a {name} byte order mark", name
-    if b"\x00" not in head:
-        return None
-    zeros = [head[k::4].count(0) / max(len(head[k::4]), 1) for k in range(4)]  # at each position modulo 4
-    if min(zeros[1:]) > 0.9 or min(zeros[:3]) > 0.9:
-        return ("looks like UTF-32 (three bytes of every four are 0)",
-                "UTF-32LE" if min(zeros[1:]) > 0.9 else "UTF-32BE")
-    odd, even = (zeros[1] + zeros[3]) / 2, (zeros[0] + zeros[2]) / 2
-    if max(odd, even) > 0.3 and min(odd, even) < 0.05:
-        return ("looks like UTF-16 (every other byte is 0) without a byte order mark",
-                "UTF-16LE" if odd > even else "UTF-16BE")
-    return None
-
-
 def check_data_file(path, fmt="auto"):
-    """The checks of every data file gift.py, eval.py (--data, --shot-data) and data.py read, before any row is: the
-    format's name, a regular file (a FIFO or /dev/zero would block or never end, and a pipe read once cannot be
-    hashed after), UTF-8 (not UTF-16 / UTF-32, which read as invalid JSON). Returns the Path."""
+    """The Path of a data file, checked before any row is read: a known format, a regular file (a FIFO or /dev/zero
+    would block or never end, a pipe cannot be hashed after), UTF-8 (UTF-16 / UTF-32 read as invalid JSON)."""
     path = Path(path)
     if fmt != "auto" and fmt not in FORMATS:
         raise ValueError(f"unknown data format {fmt!r}; choose one of {FORMATS} or 'auto'")
     if not path.exists():
         raise FileNotFoundError(f"data file {path} not found (expected JSONL: one JSON object per line)")
     if not path.is_file():
-        raise ValueError(f"data file {path} is not a regular file but {_file_kind(path)}; expected a JSONL file on "
-                         "disk")
+        kind = next((kind for test, kind in NOT_FILES if test(path.stat().st_mode)), "something else")
+        raise ValueError(f"data file {path} is not a regular file but {kind}; expected a JSONL file on disk")
     with open(path, "rb") as f:
-        wrong = _wrong_encoding(f.read(1 << 16))
-    if wrong:
-        raise ValueError(f"data file {path} is not UTF-8: it {wrong[0]}; JSONL must be UTF-8 (convert it, e.g. "
-                         f"iconv -f {wrong[1]} -t UTF-8 {path.name} > {path.stem}.utf8.jsonl)")
+        head = f.read(1 << 16)
+    # UTF-16 / UTF-32: a byte order mark, or zero bytes (UTF-8 JSON holds none) where they put them beside ASCII
+    zeros = [head[k::4].count(0) / max(len(head[k::4]), 1) for k in range(4)]  # at each position modulo 4
+    odd, even = (zeros[1] + zeros[3]) / 2, (zeros[0] + zeros[2]) / 2
+    name = next((name for mark, name in BOMS if head.startswith(mark)), None)
+    if name:
+        what = f"starts with a {name} byte order mark"
+    elif min(zeros[1:]) > 0.9 or min(zeros[:3]) > 0.9:
+        what, name = ("looks like UTF-32 (three bytes of every four are 0)",
+                      "UTF-32LE" if min(zeros[1:]) > 0.9 else "UTF-32BE")
+    elif max(odd, even) > 0.3 and min(odd, even) < 0.05:
+        what, name = ("looks like UTF-16 (every other byte is 0) without a byte order mark",
+                      "UTF-16LE" if odd > even else "UTF-16BE")
+    if name:
+        raise ValueError(f"data file {path} is not UTF-8: it {what}; JSONL must be UTF-8 (convert it, e.g. "
+                         f"iconv -f {name} -t UTF-8 {path.name} > {path.stem}.utf8.jsonl)")
     return path
 
 
 def read_data_file(path, max_bytes=MAX_FILE_BYTES):
-    """A whole data file's bytes (eval.py's test and shot files), after check_data_file, refused in one line beyond
-    max_bytes rather than held in memory. What is hashed is what was read."""
+    """A whole data file's bytes (eval.py's, hashed as read) after check_data_file, refused beyond max_bytes."""
     path = check_data_file(path)
     with open(path, "rb") as f:
         raw = f.read(max_bytes + 1)
@@ -551,8 +359,7 @@ def read_data_file(path, max_bytes=MAX_FILE_BYTES):
 
 
 def data_text(path, raw):
-    """A data file's bytes as text: UTF-8, a byte order mark accepted (as training reads it); a ValueError naming the
-    file and line otherwise."""
+    """A data file's bytes as UTF-8 text (a BOM accepted, as in training), or a ValueError naming the file and line."""
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -560,43 +367,45 @@ def data_text(path, raw):
         raise ValueError(f"{path}, line {line}: not UTF-8 (byte {column} of the line)") from None
 
 
-def _unique_keys(pairs):
-    """json.loads' object_pairs_hook: an object, refusing a key given twice (json.loads keeps the last silently)."""
-    seen = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise BadRow(None, f"the key {key!r} is given twice (which one is meant?)")
-        seen.add(key)
-    return dict(pairs)
-
-
-NESTED_TOO_DEEP = ("nested too deeply to read (a Python RecursionError); a row is an object of strings and "
-                   "lists of turns")
+def file_lines(f, limit):
+    """(line number, bytes, whole) per line of the binary file f; one over `limit` bytes is cut, its rest skipped."""
+    for line_no, raw in enumerate(iter(lambda: f.readline(-1 if limit is None else limit + 1), b""), start=1):
+        whole = limit is None or len(raw) <= limit or raw.endswith(b"\n")
+        yield line_no, raw, whole
+        while not whole and raw and not raw.endswith(b"\n"):  # skip the rest of a cut line, to the next line break
+            raw = f.readline(1 << 20)
 
 
 def check_cr_only(path, line_no, raw):
-    """A first line with CR breaks inside and no LF: the whole file reads as one line. ValueError for the file."""
+    """A ValueError for the file when its first line has CR breaks inside and no LF (the file reads as one line)."""
     if line_no == 1 and not raw.endswith(b"\n") and CR_BREAK.search(raw):
         raise ValueError(f"data file {path}: its lines end in CR only (\\r, classic Mac line breaks), so it reads "
                          "as one line; JSONL lines end in LF or CRLF (convert it, e.g. tr '\\r' '\\n')") from None
 
 
 def json_object(path, line_no, raw):
-    """One JSONL line (bytes) as a JSON object, the one line reader of training and benchmark files: BadRow when it
-    is not UTF-8 (a BOM accepted on line 1), not JSON (a file of CR-only line breaks refused whole), nested too deep,
-    gives a key twice, or is not an object."""
+    """One JSONL line (bytes) as a JSON object, for training and benchmark files alike, or a BadRow saying why not."""
+    def unique_keys(pairs):  # an object, refusing a key given twice (json.loads keeps the last silently)
+        keys = set()
+        for key, _ in pairs:
+            if key in keys:
+                raise BadRow(None, f"the key {key!r} is given twice (which one is meant?)")
+            keys.add(key)
+        return dict(pairs)
+
     try:
         line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
     except UnicodeDecodeError as e:
         raise BadRow(None, f"not UTF-8 (byte {e.start + 1} of the line)") from None
     try:
-        row = json.loads(line, object_pairs_hook=_unique_keys)  # a key given twice: BadRow
+        row = json.loads(line, object_pairs_hook=unique_keys)
     except json.JSONDecodeError as e:
         check_cr_only(path, line_no, raw)
         raise BadRow(None, f"invalid JSON ({e.msg}, column {e.colno})"
                      + ("; the line holds CR (\\r) line breaks" if CR_BREAK.search(raw) else "")) from None
     except RecursionError:  # JSON nested deeper than the parser's recursion limit
-        raise BadRow(None, NESTED_TOO_DEEP) from None
+        raise BadRow(None, "nested too deeply to read (a Python RecursionError); a row is an object of strings and "
+                           "lists of turns") from None
     except ValueError:  # an integer of more digits than int() reads (Python's message is a paragraph, with no line)
         raise BadRow(None, f"holds an integer of more than {sys.get_int_max_str_digits()} digits, more than Python "
                            "reads; write it as a string") from None
@@ -605,25 +414,90 @@ def json_object(path, line_no, raw):
     return row
 
 
-def read_row(path, line_no, raw, fmt, specials=None):
-    """One JSONL line (bytes) -> (messages, answer, its format): fmt, or when None the row's (the first good row fixes
-    the file's). BadRow when the line is no JSON object (json_object) or not a row of the format."""
-    row = json_object(path, line_no, raw)
-    try:
-        fmt = fmt or detect_format(row)
-        return (*parse_row(row, fmt, specials), fmt)
-    except RecursionError:  # nested too deep for parse_row's walk or its repr (json_object's parse says it too)
-        raise BadRow(None, NESTED_TOO_DEEP) from None
+def detect_format(row):
+    """The format of one JSONL row (json_object), from its field names."""
+    for key, fmt in (("messages", "messages"), ("deepseek_thinking_trajectory", "s1k-1.1"),
+                     ("thinking_trajectories", "s1k"), ("prompt", "prompt-response"), ("response", "prompt-response")):
+        if key in row:
+            return fmt
+    raise BadRow(None, f"cannot tell the format from the fields {sorted(row)}: expected 'messages', 'prompt' + "
+                        "'response', s1K's 'question' + 'thinking_trajectories' + 'attempt', or s1K-1.1's 'question' + "
+                        f"'deepseek_thinking_trajectory' + 'deepseek_attempt' (or force a format: fmt in {FORMATS})")
+
+
+def special_text(tokenizer):
+    """A regex of the texts the tokenizer reads as special tokens (added tokens flagged special, the chat format's) but
+    the mask (encode_examples refuses that one), None without any: parse_row refuses them in a row's text."""
+    fmt = CHAT_FORMATS[chat_format(tokenizer)]
+    added = tokenizer.get_added_tokens_decoder().values()
+    tokens = {t.content for t in added if t.special or t.content in fmt.specials} - {fmt.mask}
+    return re.compile("|".join(map(re.escape, sorted(tokens, key=len, reverse=True)))) if tokens else None
+
+
+def parse_row(row, fmt, specials=None):
+    """A JSON object -> (prompt messages, answer), or a BadRow naming the field (also for a text matching specials)."""
+    def get(obj, key, field=None):
+        try:
+            return obj[key]
+        except KeyError:
+            raise BadRow(field or key, "missing") from None
+
+    def text(obj, key, field=None, allow_empty=False, answer=False):  # obj[key], a string
+        value, field = get(obj, key, field), field or key
+        if not isinstance(value, str):
+            raise BadRow(field, f"must be a string, got {type(value).__name__}")
+        if not allow_empty and not value.strip():
+            raise BadRow(field, "is empty")
+        found = specials and specials.search(END_PADDING.sub("", value) if answer else value)  # may end padded
+        if found:  # encoded, it would be the token itself: a turn the row does not have, or an answer ended early
+            raise BadRow(field, f"holds the special token {found.group()!r} as text, which the tokenizer reads as "
+                                "that token itself (a fake chat turn or an early end); remove it")
+        return value
+
+    if fmt == "messages":  # train on the last turn, which must be the assistant's; all earlier turns are the prompt
+        messages = get(row, "messages")
+        if not isinstance(messages, list) or len(messages) < 2:
+            raise BadRow("messages", "must be a list of at least 2 {role, content} turns, the last the assistant's")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise BadRow(f"messages[{i}]", f"must be an object with role and content, got {type(m).__name__}")
+            if text(m, "role", f"messages[{i}].role") not in ROLES:
+                raise BadRow(f"messages[{i}].role", f"{m['role']!r} is not one of {ROLES}")
+            last = i == len(messages) - 1
+            text(m, "content", f"messages[{i}].content", allow_empty=not last, answer=last)  # the answer: not empty
+        if messages[-1]["role"] != "assistant":
+            raise BadRow(f"messages[{len(messages) - 1}].role", "the last turn must be the assistant's answer")
+        return [{"role": m["role"], "content": m["content"]} for m in messages[:-1]], messages[-1]["content"]
+    if fmt == "prompt-response":
+        return [{"role": "user", "content": text(row, "prompt")}], text(row, "response", answer=True)
+    if fmt in ("s1k", "s1k-1.1"):  # d1 / wd1's SFT formatting of s1K (SFT/sft_trainer.py)
+        question = text(row, "question")
+        if fmt == "s1k":
+            traces = get(row, "thinking_trajectories")
+            if not isinstance(traces, list) or not traces:
+                raise BadRow("thinking_trajectories", "must be a non-empty list of strings, got "
+                             + ("[]" if isinstance(traces, list) else type(traces).__name__))
+            trace, attempt = text(traces, 0, "thinking_trajectories[0]"), text(row, "attempt")
+        else:
+            trace, attempt = text(row, "deepseek_thinking_trajectory"), text(row, "deepseek_attempt")
+        user = SFT_SYSTEM_PROMPT + "\n\n" + question
+        return [{"role": "user", "content": user}], f"<reasoning>{trace}</reasoning>\n<answer>{attempt}</answer>"
+    raise ValueError(f"unknown data format {fmt!r}; choose one of {FORMATS} or 'auto'")
+
+
+def max_token_chars(tokenizer):
+    """The most characters one token stands for: the longest vocabulary entry, x 4 when the tokenizer normalizes first
+    (NFC composes at most 4 code points into one). A text longer than max_len x this cannot fit max_len tokens."""
+    longest = max(map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1)
+    return longest * (4 if tokenizer.normalizer is not None else 1)
 
 
 def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False):
-    """A JSONL file's training examples and stats. examples: (ids, prompt_len), ids a 1-D int32 tensor (4 bytes a
-    token; a Python list costs ~36, too much for Tulu 3 on 8 ranks). stats: the format (fmt, or with "auto" the first
-    good row's) and the counts of rows, examples, tokens, skipped bad rows and examples longer than max_len, dropped
-    (never truncated; max_len=None keeps all). A bad row raises DataError (file, line, field) unless skip_bad_rows,
-    which skips and counts it. Blank lines are ignored."""
+    """A JSONL file's examples (ids, prompt_len), ids an int32 tensor (a Python list costs 9x, too much for Tulu 3 on 8
+    ranks), and stats: the format and the counts of rows, examples, tokens, bad rows skipped (skip_bad_rows; else a
+    DataError names file, line and field) and examples longer than max_len, dropped (not truncated; None keeps all)."""
     path = check_data_file(path, fmt)
-    # a row's text longer than max_chars cannot fit max_len tokens (max_token_chars): dropped untokenized
+    # a longer text than max_chars is dropped untokenized (20 MB cost ~8 GB in the tokenizer), a longer line unread
     max_chars = None if max_len is None else max_len * max_token_chars(tokenizer)
     max_bytes = None if max_len is None else max(MAX_LINE_BYTES, 64 * max_chars)
     specials = special_text(tokenizer)
@@ -641,18 +515,15 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
             stats["bad_rows"].append(str(DataError(path, line_no, bad.field, bad.problem)))
 
     def flush():  # tokenize the pending rows; text the tokenizer cannot encode is a bad row; drop the too-long ones
-        rows = list(pending)
-        pending.clear()  # first, so the flush() of a bad_row() below finds nothing left to do
-        for (line_no, _), result in zip(rows, encode_pairs(tokenizer, [pair for _, pair in rows])):
+        rows, pending[:] = pending[:], []  # emptied first, so the flush() of a bad_row() below finds nothing to do
+        for (line_no, _), result in zip(rows, encode_examples(tokenizer, [pair for _, pair in rows], bad_rows=True)):
             if isinstance(result, BadRow):
                 bad_row(line_no, result)
-                continue
-            ids, prompt_len = result
-            if max_len is not None and len(ids) > max_len:
+            elif max_len is not None and len(result[0]) > max_len:
                 stats["dropped_too_long"] += 1
-                continue
-            examples.append((torch.tensor(ids, dtype=torch.int32), prompt_len))
-            stats["tokens"] += len(ids)
+            else:
+                examples.append((torch.tensor(result[0], dtype=torch.int32), result[1]))
+                stats["tokens"] += len(result[0])
 
     with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad row, not the end of the file
         for line_no, raw, whole in file_lines(f, max_bytes):
@@ -664,10 +535,13 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
                 stats["dropped_too_long"] += 1
                 continue
             try:
-                messages, answer, stats["format"] = read_row(path, line_no, raw, stats["format"], specials)
+                row = json_object(path, line_no, raw)
+                row_format = stats["format"] or detect_format(row)  # the first good row fixes the file's
+                messages, answer = parse_row(row, row_format, specials)
             except BadRow as bad:
                 bad_row(line_no, bad)
                 continue
+            stats["format"] = row_format
             if max_chars is not None and (sum(len(m["content"].strip()) for m in messages) + len(answer.strip())
                                           > max_chars):  # cannot fit max_len tokens: not worth tokenizing
                 stats["dropped_too_long"] += 1
@@ -684,8 +558,8 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
 
 
 def data_fingerprint(examples):
-    """sha256 of the tokenised examples in order (token ids and prompt lengths): it changes with the file's content,
-    its format, the tokenizer and --max-len, not with the file's path or date."""
+    """sha256 of the tokenised examples in order (ids, prompt lengths): it follows the content, format, tokenizer and
+    --max-len, not the file's path or date."""
     h = hashlib.sha256()
     for ids, prompt_len in examples:
         ids = torch.as_tensor(ids, dtype=torch.int64)  # a list or load_dataset's int32 tensor, read in C
@@ -707,16 +581,13 @@ def show_example(tokenizer, example):
 
 
 def main():
-    parser = argparse.ArgumentParser(description="Check a JSONL dataset (python embedded.py shows the embedded Sudoku "
-                                                 "task's example).")
+    parser = argparse.ArgumentParser(description="Check a JSONL dataset: its format, counts and first example.")
     parser.add_argument("--data", required=True, help="JSONL file")
-    parser.add_argument("--model", help="model folder holding tokenizer.json (needed with --data)")
+    parser.add_argument("--model", required=True, help="model folder holding tokenizer.json")
     parser.add_argument("--data-format", default="auto", choices=("auto",) + FORMATS, help="row format")
     parser.add_argument("--max-len", type=int, default=4096, help="longer examples are dropped and counted")
     parser.add_argument("--skip-bad-rows", action="store_true", help="skip and count bad rows instead of failing")
     args = parser.parse_args()
-    if not args.model:
-        parser.error("--data needs --model (the folder with tokenizer.json)")
     tokenizer = load_tokenizer(args.model)
     examples, stats = load_dataset(args.data, tokenizer, args.data_format, args.max_len, args.skip_bad_rows)
     print(json.dumps(stats, indent=1))

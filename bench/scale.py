@@ -72,7 +72,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the repo's top-level files are plain modules
 from data import (BOS, DREAM_MASK, EOS, EOT, END_HEADER, IM_END, IM_START, MASK, START_HEADER,  # noqa: E402
-                  encode_example, load_dataset, load_tokenizer, special_ids)
+                  encode_examples, load_dataset, load_tokenizer, special_ids)
 from model import LLaDA, LLaDAConfig, stored_dtype, weight_files  # noqa: E402
 
 # LLaDA-8B-Instruct's vocabulary (config.json: vocab_size = embedding_size) and special ids (tokenizer.json)
@@ -202,7 +202,7 @@ def training_rows(tokenizer, n_rows, max_len, seed):
         while True:  # one more number while the row still fits
             longer = numbers + [rng.randint(1, 99)]
             row = sum_row(longer)
-            ids, _ = encode_example(tokenizer, [{"role": "user", "content": row["prompt"]}], row["response"])
+            [(ids, _)] = encode_examples(tokenizer, [([{"role": "user", "content": row["prompt"]}], row["response"])])
             if len(ids) > target:
                 break
             numbers = longer

@@ -30,6 +30,16 @@ def sid(tokenizer, token):
     return tokenizer.token_to_id(token)
 
 
+def prompt_ids(tokenizer, messages):
+    """The ids generation is given to answer `messages`: the chat prompt in the tokenizer's format, encoded."""
+    return data.encode(tokenizer, data.chat_prompt(messages, data.chat_format(tokenizer)))
+
+
+def example(tokenizer, messages, answer):
+    """One training sequence (prompt + answer + <|eot_id|> ids, prompt length), as load_dataset builds it."""
+    return data.encode_examples(tokenizer, [(messages, answer)])[0]
+
+
 def write_jsonl(path, rows):
     """rows: dicts (dumped as JSON) or raw strings (written as they are)."""
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
@@ -49,7 +59,7 @@ def test_chat_prompt_text():
 
 
 def test_prompt_tokens_exact(tok):
-    ids = data.encode_prompt(tok, [{"role": "user", "content": "Add 2 and 3."}])
+    ids = prompt_ids(tok, [{"role": "user", "content": "Add 2 and 3."}])
     bos, sh, eh, eot = (sid(tok, t) for t in (data.BOS, data.START_HEADER, data.END_HEADER, data.EOT))
     assert ids == ([bos, sh] + chars(tok, "user") + [eh] + chars(tok, "\n\nAdd 2 and 3.") + [eot]
                    + [sh] + chars(tok, "assistant") + [eh] + chars(tok, "\n\n"))
@@ -57,13 +67,13 @@ def test_prompt_tokens_exact(tok):
 
 def test_training_pair_tokens_prompt_len_and_answer_mask(tok):
     messages = [{"role": "user", "content": "Q?"}]
-    ids, prompt_len = data.encode_example(tok, messages, " A1 \n")
-    prompt = data.encode_prompt(tok, messages)
+    ids, prompt_len = example(tok, messages, " A1 \n")
+    prompt = prompt_ids(tok, messages)
     answer = chars(tok, "A1") + [sid(tok, data.EOT)]  # stripped answer, then <|eot_id|>, no stray header
     assert ids == prompt + answer and prompt_len == len(prompt)
     # batched with a longer example: pads are <|endoftext|> and belong to the answer
     eos = sid(tok, data.EOS)
-    other = data.encode_example(tok, messages, "A much longer answer")
+    other = example(tok, messages, "A much longer answer")
     input_ids, answer_mask = gift.collate([(ids, prompt_len), other], pad_id=eos)
     L = len(other[0])
     assert input_ids.shape == (2, L) and input_ids.dtype == torch.long
@@ -77,7 +87,7 @@ def test_multi_turn_trains_on_last_assistant_turn(tok):
                         {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"},
                         {"role": "assistant", "content": "a2"}]}
     prompt_messages, answer = data.parse_row(row, "messages")
-    ids, prompt_len = data.encode_example(tok, prompt_messages, answer)
+    ids, prompt_len = example(tok, prompt_messages, answer)
     bos, sh, eh, eot = (sid(tok, t) for t in (data.BOS, data.START_HEADER, data.END_HEADER, data.EOT))
 
     def turn(role, content):
@@ -97,7 +107,7 @@ def test_no_bos_or_eos_added_implicitly(tmp_path):
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     loaded = data.load_tokenizer(tmp_path)
     assert data.encode(loaded, "ab") == chars(loaded, "ab")
-    ids = data.encode_prompt(loaded, [{"role": "user", "content": "a"}])
+    ids = prompt_ids(loaded, [{"role": "user", "content": "a"}])
     assert ids.count(sid(loaded, data.BOS)) == 1 and ids[0] == sid(loaded, data.BOS)
     assert sid(loaded, data.EOS) not in ids
     # special tokens written in text are matched as one token each
@@ -273,7 +283,7 @@ def test_no_usable_example_is_an_error(tmp_path, tok):
 def test_too_long_dropped_and_counted_never_truncated(tmp_path, tok):
     rows = [{"prompt": "q", "response": "a" * n} for n in (1, 30, 2, 40)]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
-    full = [data.encode_example(tok, [{"role": "user", "content": "q"}], r["response"]) for r in rows]
+    full = [example(tok, [{"role": "user", "content": "q"}], r["response"]) for r in rows]
     max_len = len(full[2][0]) + 5  # keeps rows 0 and 2
     examples, stats = data.load_dataset(path, tok, max_len=max_len)
     assert stats["dropped_too_long"] == 2 and stats["examples"] == 2

@@ -220,7 +220,7 @@ def test_left_padded_prompts_give_the_unpadded_tokens(options, one_thread):
 
 
 def chatml_ids(tokenizer, text):
-    ids = data.encode_prompt(tokenizer, [{"role": "user", "content": text}])
+    ids = data.encode(tokenizer, data.chat_prompt([{"role": "user", "content": text}], "chatml"))
     assert tokenizer.decode(ids, skip_special_tokens=False) == (
         f"<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n{text}<|im_end|>\n"
         "<|im_start|>assistant\n")

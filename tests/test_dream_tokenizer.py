@@ -124,13 +124,13 @@ def test_chatml_special_ids_and_a_dream_model(tok):
     ids = data.special_ids(tok, config)
     assert (ids.eos, ids.pad, ids.mask, ids.eot, ids.start_header) == (
         sid[data.EOS], sid[data.EOS], sid[data.DREAM_MASK], sid[data.IM_END], sid[data.IM_START])
-    prompt = data.encode_prompt(tok, [dict(role="user", content="日本語 😀 it's 42")])
+    prompt = data.encode(tok, data.chat_prompt([dict(role="user", content="日本語 😀 it's 42")], "chatml"))
     assert prompt[0] == sid[data.IM_START] and prompt.count(sid[data.IM_END]) == 2
     assert prompt[-3:] == data.encode(tok, "<|im_start|>assistant\n")[-3:]
     assert tok.decode(prompt, skip_special_tokens=False) == data.chat_prompt(
         [dict(role="user", content="日本語 😀 it's 42")], "chatml")
-    assert data.unencodable_characters(tok, "Ünïcödé 👨\u200d👩\u200d👧 \x00\t") == []
-    example_ids, prompt_len = data.encode_example(tok, [dict(role="user", content="2+2?")], "4")
+    assert data.unencodable_characters(tok, "Ünïcödé 👨\u200d👩\u200d👧 \x00\t") == {}
+    example_ids, prompt_len = data.encode_examples(tok, [([dict(role="user", content="2+2?")], "4")])[0]
     assert example_ids[prompt_len:] == data.encode(tok, "4") + [sid[data.IM_END]]
     model = LLaDA(config).init_weights(torch.Generator().manual_seed(0))
     assert model(torch.tensor([prompt])).shape == (1, len(prompt), config.embedding_size)

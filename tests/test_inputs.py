@@ -174,8 +174,8 @@ CASES = [
     ("data_unencodable_before_invalid_json", lambda t: data.load_dataset(
         jsonl(t, GOOD, ("say hi", "HI"), "{not json"), embedded.make_char_tokenizer()),
      data.DataError, ["{tmp}/data.jsonl, line 2", "the answer has 'H'"]),
-    ("example_char_without_token", lambda t: data.encode_example(
-        embedded.make_char_tokenizer(), [{"role": "user", "content": "Q?"}], "a"),
+    ("example_char_without_token", lambda t: data.encode_examples(
+        embedded.make_char_tokenizer(), [([{"role": "user", "content": "Q?"}], "a")]),
      ValueError, ["example 0", "the prompt has 'Q'"]),
 ]
 
