@@ -3,9 +3,8 @@ numbers are comparable with the GIFT paper's tables (which take their baselines 
 
 Protocol (d1's eval/*.py): one user turn = instruction + "\\n\\n" + question, LLaDA's chat template, then the literal
 text "<reasoning>" after the assistant header; greedy block diffusion sampling (block 32, steps = gen_length / 2,
-low-confidence remasking); d1's answer extraction and grading rules, quirks included (listed above the graders).
-A Dream model gets the same protocol (the paper's Appendix C) in its own chat format, ChatML (the tokenizer says
-which); --sampler dream samples with Dream's own diffusion_generate instead.
+low-confidence remasking); d1's answer extraction and grading rules, quirks included (listed above the graders). A
+Dream model gets the same protocol (Appendix C) in its chat format, ChatML; --sampler dream: Dream's own sampler.
 
     torchrun --nproc_per_node 8 eval.py --model DIR [--adapter DIR] --task gsm8k --data gsm8k_test.jsonl \\
         [--shots 5 --shot-data gsm8k_train.jsonl] [--seeds 0 1 2] [--out results.json]
@@ -44,8 +43,8 @@ from longjob import (SEED_RULE, SEEDS, adapter_fingerprint, add_dtype_flag, add_
                      gather_objects, load_weights, mixed_seed, open_output, rank_and_world, read_records,
                      run_command_line, setup_distributed)
 from model import GENERATION_DEFAULTS, atomic_write_text, read_config, unwrap
-from sample import (SamplerOptions, add_sampler_flags, check_step_count, options_from_flags, resolve_model, stop_ids,
-                    with_lengths)
+from sample import (SamplerOptions, add_sampler_flags, check_step_count, left_padded, options_from_flags, resolve_model,
+                    stop_ids, with_lengths)
 
 # -----------------------------------------------------------------------------
 # Protocol constants (d1, github.com/dllm-reasoning/d1, eval/{gsm8k,math500,countdown,sudoku}.py, commit 837888f).
@@ -91,16 +90,10 @@ PROMPT_STYLES = ("d1", "plain")  # plain: the question alone, nothing after the 
 # Benchmark loaders. Each item is a dict with "question" (the text after the instruction) and the gold fields the
 # grader needs; GSM8K / MATH500 items also carry the worked solution ("reasoning") for few-shot examples.
 
-def _file_text(path, raw=None):
-    """The data file's text, from raw (its bytes, as load_data read them) or read now, through data.py's checks."""
-    return data_text(path, read_data_file(path) if raw is None else raw)
-
-
 def _jsonl_rows(path, raw=None, **strings):
-    """(where, object) per non-blank line, `where` ("PATH, line N") starting an error about it; a bad line (not JSON,
-    not an object, a field of `strings` {key: hint for the error} missing or not a string, ...) raises naming it."""
-    raw = read_data_file(path) if raw is None else raw
-    for line_no, line, _ in file_lines(io.BytesIO(raw), None):
+    """(where: "PATH, line N", object) per non-blank line; a bad line (not a JSON object, a field of `strings`
+    {key: hint for the error} missing or not a string) raises naming it."""
+    for line_no, line, _ in file_lines(io.BytesIO(read_data_file(path) if raw is None else raw), None):
         if not line.strip():
             continue
         try:  # each line read as training reads it: one JSON object (data.json_object)
@@ -161,19 +154,17 @@ def sudoku_subset(n_rows, k=256, seed=42):
 
 
 def load_sudoku(path, subset=True, raw=None):
-    """Sudoku CSV with header Puzzle,Solution: 16-character strings read as text (leading zeros matter), 0 = blank;
-    subset=True keeps d1's 256 puzzles in d1's order (sudoku_subset)."""
+    """Sudoku CSV with header Puzzle,Solution, 16 digits each (0 = blank); subset: d1's 256 puzzles (sudoku_subset)."""
     rows = []
-    with io.StringIO(_file_text(path, raw), newline="") as f:
+    with io.StringIO(data_text(path, read_data_file(path) if raw is None else raw), newline="") as f:
         reader = csv.DictReader(f)
         if not reader.fieldnames or not {"Puzzle", "Solution"} <= set(reader.fieldnames):
             raise ValueError(f"{path}, line 1: expected a header with columns Puzzle,Solution, got {reader.fieldnames}")
         for row in reader:
-            line_no = reader.line_num
             puzzle, solution = (row["Puzzle"] or "").strip(), (row["Solution"] or "").strip()
             if not re.fullmatch(r"[0-4]{16}", puzzle) or not re.fullmatch(r"[1-4]{16}", solution):
-                raise ValueError(f"{path}, line {line_no}: Puzzle {puzzle!r} / Solution {solution!r} must be 16 "
-                                 "digits (0-4 / 1-4); read the CSV as text so leading zeros are kept")
+                raise ValueError(f"{path}, line {reader.line_num}: Puzzle {puzzle!r} / Solution {solution!r} must be "
+                                 "16 digits (0-4 / 1-4); read the CSV as text so leading zeros are kept")
             rows.append(dict(question=SUDOKU_QUESTION.format(puzzle=puzzle), puzzle=puzzle, solution=solution))
     if subset:
         rows = [rows[i] for i in sudoku_subset(len(rows))]
@@ -204,8 +195,7 @@ def solve_countdown(numbers, target):
         for i, j in itertools.permutations(range(len(terms)), 2):
             (a, ta), (b, tb) = terms[i], terms[j]
             rest = [t for k, t in enumerate(terms) if k not in (i, j)]
-            options = [(a + b, "+"), (a - b, "-"), (a * b, "*")] + ([(a / b, "/")] if b != 0 else [])
-            for value, op in options:
+            for value, op in [(a + b, "+"), (a - b, "-"), (a * b, "*")] + ([(a / b, "/")] if b != 0 else []):
                 found = search(rest + [(value, f"({ta} {op} {tb})")])
                 if found:
                     return found
@@ -216,8 +206,8 @@ def solve_countdown(numbers, target):
 
 
 def shot_response(task, item, style="d1"):
-    """A solved example's full answer in the instruction's format: its reasoning (the data's worked solution, else a
-    one-line check) and "\\boxed{gold}" (Countdown: an expression found by brute force; Sudoku: the bare solution)."""
+    """A solved example's answer in the instruction's format: its reasoning (the worked solution, else a one-line
+    check) and "\\boxed{gold}" (Countdown: an expression found by brute force; Sudoku: the bare solution)."""
     if task in ("gsm8k", "math500"):
         gold = item["gold"]  # GSM8K's a number: 18.0 is written 18
         gold = str(int(gold)) if task == "gsm8k" and float(gold).is_integer() else str(gold)
@@ -237,8 +227,7 @@ def shot_response(task, item, style="d1"):
 
 
 def build_prompt(task, item, style="d1", shots=(), fmt="llada"):
-    """The prompt text for one item (see above); shots: solved items; fmt: data.chat_format(tokenizer), "llada" or
-    Dream's "chatml" (d1's "<reasoning>" then follows ChatML's assistant header)."""
+    """The prompt text for one item (see above); shots: solved items; fmt: "llada" or "chatml" (data.chat_format)."""
     if style not in PROMPT_STYLES:
         raise ValueError(f"unknown prompt style {style!r}; choose one of {PROMPT_STYLES}")
     user = "".join(f"Example question:\n{s['question'].strip()}\nExample response:\n{shot_response(task, s, style)}\n\n"
@@ -257,38 +246,32 @@ def pick_shots(shot_items, k, seed):
 
 
 # -----------------------------------------------------------------------------
-# Graders: d1's rules (eval/parse_and_get_acc.py and the Hendrycks MATH helpers it uses), reproduced exactly;
-# they give d1's published LLaDA-8B-Instruct numbers on d1's stored generations (tests/test_eval.py).
-#
-# d1 quirks reproduced on purpose:
+# Graders: d1's rules (eval/parse_and_get_acc.py and the Hendrycks MATH helpers it uses), exactly: they give d1's
+# published LLaDA-8B-Instruct numbers on d1's stored generations (tests/test_eval.py). Its quirks, kept on purpose:
 #   GSM8K  - only \boxed{...} up to the FIRST "}" is seen (r"\\boxed{(.*?)}", no DOTALL): "\boxed{\frac{1}{2}}"
 #            reads "\frac{1" and so the number 1; a box spanning lines is not seen at all.
-#          - boxes are tried in order, the FIRST that yields a number wins (not the last, the final answer);
-#            contents that are empty, "..." or only dots are skipped.
-#          - inside a box: float(content) (Python's float: "1_000", "inf", "nan" parse), else the FIRST
-#            -?\d+\.?\d* match; so "\boxed{18 dollars}" is 18 but "\boxed{x = 5, y = 3}" is 5 and
-#            "\boxed{1,000}" is 1 (the comma stops the number).
+#          - the FIRST box that yields a number wins (not the last, the final answer); empty, "..." or dots skipped.
+#          - inside a box: float(content) (Python's float: "1_000", "inf", "nan" parse), else the FIRST -?\d+\.?\d*
+#            match: "\boxed{18 dollars}" is 18, "\boxed{x = 5, y = 3}" 5, "\boxed{1,000}" 1 (the comma stops it).
 #          - no box number: the first <answer>...</answer> (across lines), stripped: float, else its LAST number.
 #          - a DIFFERENCE: d1's gold from "####" loses its sign (its regex has no "-"), so the two negative golds
 #            (-10, -3) are always wrong there; parse_gsm8k_gold keeps it. On d1's stored generations LLaDA-8B-Instruct
 #            answers them right (2, 2, 1 of 2 at gen length 128/256/512): 69.5/76.5/78.2 here, 69.3/76.4/78.1 in d1.
-#   MATH   - last_boxed_only_string: if "\boxed " (with a space) occurs anywhere, the text after its last
-#            occurrence up to the next "$" is the answer, even if a later "\boxed{...}" exists.
-#          - otherwise the last "\boxed" (else last "\fbox") with braces counted from there; no box at all means the
-#            WHOLE generation is the candidate (so it almost never matches); unclosed braces or an empty candidate
-#            fall back to the first <answer>...</answer> content. A "\fbox{...}" span is kept whole (only a
-#            "\boxed{" prefix is removed); d1's stored generations have no \fbox, so this case is unverified.
+#   MATH   - last_boxed_only_string: if "\boxed " (with a space) occurs anywhere, the text after its last occurrence
+#            up to the next "$" is the answer, even if a later "\boxed{...}" exists; otherwise the last "\boxed" (else
+#            "\fbox"), braces counted from there. No box: the WHOLE generation is the candidate (it almost never
+#            matches); unclosed braces or an empty candidate: the first <answer>...</answer> content. A "\fbox{...}"
+#            is kept whole (only a "\boxed{" prefix is removed; d1's generations have none: unverified).
 #          - equivalence is Hendrycks' strip_string string equality (no symbolic math): "0.5" == "\frac{1}{2}" but
 #            "1/2" == "\frac{1}{2}" only as a whole; when any step raises (two "\text{ ", "\sqrt" or "\frac" at the
 #            very end, non-integer "a/b"), the RAW strings are compared instead.
-#   Countdown - the expression is the MATH candidate (whole text when there is no box; <answer> content, else the
-#            whole text, only when the braces never close; an empty box is NOT replaced).
-#          - "\div", "\times", "\cdot" become / * *; if `[0-9+\-*/() ]+=[0-9. ]+` matches, only the run of those
-#            characters just before the first such "=" is kept ("x = 3 + 4 = 7" -> "3 + 4").
-#          - valid iff the sorted integers in it (\d+, so "2.5" counts as 2 and 5) equal the sorted given numbers.
-#          - evaluated as Python arithmetic would (only digits, + - * / ( ) . and white space allowed): "**" is a
-#            power, "//" floor division, "07" a syntax error, leading spaces and tabs ignored. d1 calls eval(); we
-#            walk the ast instead (eval_arithmetic), a power above 2**100000 bits an error (never the target).
+#   Countdown - the MATH candidate (whole text when there is no box; <answer> content, else the whole text, only
+#            when the braces never close; an empty box is NOT replaced); "\div", "\times", "\cdot" become / * *; if
+#            `[0-9+\-*/() ]+=[0-9. ]+` matches, only that run before the first "=" is kept ("x = 3 + 4 = 7": "3 + 4").
+#          - valid iff its sorted integers (\d+, so "2.5" counts as 2 and 5) are the sorted given numbers and its
+#            value as Python arithmetic (only digits, + - * / ( ) . and white space: "**" a power, "//" floor
+#            division, "07" a syntax error, leading spaces and tabs ignored) the target. d1 calls eval(); we walk the
+#            ast instead (eval_arithmetic), a power above 2**100000 bits an error (never the target).
 #   Sudoku - the first NON-EMPTY (after strip) capture of SUDOKU_PATTERNS in order, all DOTALL, white space removed,
 #            padded with "0" or cut to 16 characters: a too-long or shifted answer is scored cell by cell as is.
 
@@ -365,19 +348,17 @@ def _fix_fracs(string):
 
 def _fix_a_slash_b(string):
     """"a/b" with integers a, b written plainly -> \\frac{a}{b}; int() of a non-integer raises: the step fails."""
-    if len(string.split("/")) != 2:
+    parts = string.split("/")
+    if len(parts) != 2:
         return string
-    a, b = string.split("/")
-    a, b = int(a), int(b)  # ValueError propagates, as in Hendrycks (only AssertionError is caught there)
+    a, b = int(parts[0]), int(parts[1])  # ValueError propagates, as in Hendrycks (only AssertionError is caught there)
     return f"\\frac{{{a}}}{{{b}}}" if string == f"{a}/{b}" else string
 
 
 def _remove_right_units(string):
     """Keep what precedes "\\text{ " (units); more than one occurrence fails (Hendrycks asserts there is one)."""
-    if "\\text{ " not in string:
-        return string
     parts = string.split("\\text{ ")
-    if len(parts) != 2:
+    if len(parts) > 2:
         raise ValueError("more than one '\\text{ '")
     return parts[0]
 
@@ -471,8 +452,7 @@ def grade_countdown(generation, numbers, target):
         m = ANSWER_TAG.search(generation)
         equation = m.group(1).strip() if m else generation
     equation = equation.replace("\\div", "/").replace("\\times", "*").replace("\\cdot", "*")
-    m = re.search(r"([0-9+\-*/() ]+)=[0-9. ]+", equation)
-    if m:
+    if m := re.search(r"([0-9+\-*/() ]+)=[0-9. ]+", equation):
         equation = m.group(1).strip()
     used = sorted(int(n) for n in re.findall(r"\d+", equation))  # "2.5" counts as 2 and 5
     if used != sorted(numbers) or not re.match(r"^[\d+\-*/().\s]+$", equation):
@@ -496,8 +476,7 @@ SUDOKU_PATTERNS = (
 def extract_sudoku(generation):
     """d1's Sudoku answer string: first non-empty capture of SUDOKU_PATTERNS, white space removed ("" if none)."""
     for pattern in SUDOKU_PATTERNS:
-        m = re.search(pattern, generation, re.DOTALL)
-        if m and m.group(1).strip():
+        if (m := re.search(pattern, generation, re.DOTALL)) and m.group(1).strip():
             return re.sub(r"\s", "", m.group(1).strip())
     return ""
 
@@ -505,10 +484,7 @@ def extract_sudoku(generation):
 def grade_sudoku(generation, puzzle, solution):
     """(correct cells, empty cells): the puzzle's blanks that the answer (padded with "0" / cut to 16) fills right."""
     empty = [i for i in range(16) if puzzle[i] == "0"]
-    answer = extract_sudoku(generation)
-    if not answer:
-        return 0, len(empty)
-    answer = answer[:16].ljust(16, "0")
+    answer = extract_sudoku(generation)[:16].ljust(16, "0")  # no answer: all "0", a digit no solution holds
     return sum(answer[i] == solution[i] for i in empty), len(empty)
 
 
@@ -543,36 +519,19 @@ def item_generator(seed, index, device):
     return torch.Generator(device).manual_seed(mixed_seed(seed, index))
 
 
-def d1_options(options, task, source=None):
-    """The options, d1's protocol where a length is unset: the task's GEN_LENGTH, block 32, two tokens per step."""
-    return with_lengths(options, GEN_LENGTH[task], BLOCK_LENGTH, 2, source)
-
-
-def left_padded(prompts, pad_id):
-    """Token-id lists as one batch: ids (B, P) left-padded with pad_id, and the attention mask (B, P), 1 = a real
-    token. Left padding puts every answer at the same positions, P onwards."""
-    P = max(len(x) for x in prompts)
-    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)  # (B, P)
-    attention_mask = torch.zeros((len(prompts), P), dtype=torch.long)  # (B, P)
-    for r, x in enumerate(prompts):
-        ids[r, P - len(x):] = torch.tensor(x, dtype=torch.long)
-        attention_mask[r, P - len(x):] = 1
-    return ids, attention_mask
+def d1_options(options, gen_length, source=None):
+    """The options, d1's protocol where a length is unset: gen_length, blocks of 32, two tokens per step."""
+    return with_lengths(options, gen_length, BLOCK_LENGTH, 2, source)
 
 
 def sample_answers(model, prompts, options, seed, idx, stops=None, stats=None, eot_id=None):
-    """The answers (B, gen_length) to the token-id prompts of items idx. The block sampler draws (its noise at
-    temperature > 0, its order with --remasking random) from each item's own generator; Dream's sampler draws over the
-    whole batch (origin even when greedy), from its first item's: the same batch (--batch-size) draws the same again.
-    stops, stats: the block samplers' early exit (sample.generate's stop_ids, stats), on unless options say not;
-    eot_id: the turn end's id (confidence_eos_eot_inf)."""
+    """The answers (B, gen_length) to the token-id prompts of items idx, sampled with generate_with_options (stops,
+    stats, eot_id: its stop_ids, stats, eot_id). The block sampler draws from each item's own generator; Dream's draws
+    over the whole batch (origin even when greedy), from its first item's: the same --batch-size draws the same."""
     device = next(model.parameters()).device
     prompt, attention_mask = left_padded(prompts, model.config.pad_token_id)  # (B, P)
-    generators = None
-    if options.sampler == "dream":
-        generators = item_generator(seed, idx[0], device)
-    elif options.temperature > 0 or options.remasking == "random":
-        generators = [item_generator(seed, i, device) for i in idx]
+    generators = (item_generator(seed, idx[0], device) if options.sampler == "dream" else
+                  [item_generator(seed, i, device) for i in idx] if options.draws else None)
     out = generate_with_options(model, prompt.to(device), attention_mask.to(device), options, generators, stops, stats,
                                 eot_id)
     return out[:, prompt.shape[1]:]
@@ -590,8 +549,8 @@ def encoded_prompts(tokenizer, task, items, prompt_style, shots, gen_length, con
 
 
 def graded_records(tokenizer, task, items, idx, answers, seed, done):
-    """The records of the batch's items `idx` not graded before (`done`): each answer (B, gen_length), decoded with
-    its special tokens ("<|eot_id|>", "<|endoftext|>") as d1 stores and grades it, the item's gold fields, its grade."""
+    """The records of the items `idx` not graded before (`done`): each answer (B, gen_length) decoded with its special
+    tokens, as d1 stores and grades it, the item's gold fields and its grade."""
     new = []
     for r, i in enumerate(idx):
         if i in done:  # a batch partly done before (a rerun with a larger --limit): its old record stays
@@ -617,14 +576,13 @@ class SeedRun:
 @torch.no_grad()
 def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, prompt_style="d1", run=None):
     """Generate an answer for every item and grade it: (accuracy in %, records sorted by item) on rank 0, (None, None)
-    on the others; without torch.distributed a plain function. sampler_options: a sample.SamplerOptions (None: d1's
-    protocol, greedy), its unset lengths d1's (d1_options); run: a SeedRun (None: seed 0, no shots, nothing before).
-    Fixed batches of batch_size items, the k-th left to do on rank k % world: results do not depend on the number of
-    ranks; every rank runs as many batches (one with none left repeats item 0 and drops it), so a sharded model (FSDP)
-    keeps its collectives in step. Under NCCL each rank must have called torch.cuda.set_device(local_rank) first."""
+    on the others. sampler_options: a SamplerOptions (None: greedy), its unset lengths d1's; run: a SeedRun (None:
+    seed 0, no shots). Fixed batches of batch_size items, the k-th left to do on rank k % world: results do not depend
+    on the number of ranks; every rank runs as many (one with none left repeats item 0 and drops it), so a sharded
+    model (FSDP) keeps its collectives in step. Under NCCL, each rank calls torch.cuda.set_device(local_rank) first."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; choose one of {TASKS}")
-    options = d1_options(sampler_options or SamplerOptions(), task)
+    options = d1_options(sampler_options or SamplerOptions(), GEN_LENGTH[task])
     if batch_size < 1:
         raise ValueError(f"eval.py evaluate: batch_size {batch_size}: must be at least 1")
     rank, world = rank_and_world()
@@ -646,9 +604,8 @@ def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, 
         answers = sample_answers(module, [prompts[i] for i in idx or [0]], options, run.seed, idx or [0], stops, stats,
                                  eot_id)
         new = graded_records(tokenizer, task, items, idx, answers, run.seed, done)
-        if world > 1:  # every rank's records of the round (in rank order), which rank 0 streams
-            parts = gather_objects(new)
-            new = [r for part in parts for r in part] if rank == 0 else []
+        parts = gather_objects(new)  # every rank's records of the round (in rank order), which rank 0 streams
+        new = [r for part in parts for r in part] if rank == 0 else []
         records += new
         skipped = stats.get("skipped", 0) if idx else 0
         tokens["generated"] += len(idx) * options.gen_length - skipped
@@ -657,13 +614,12 @@ def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, 
             run.on_batch(new)
         if rank == 0 and run.log_every and ((round_ + 1) % run.log_every == 0 or round_ == rounds - 1):
             elapsed = time.time() - start
-            eta = elapsed / (round_ + 1) * (rounds - round_ - 1)
-            rate = sum(tokens.values()) / max(elapsed, 1e-9)
+            rate, eta = sum(tokens.values()) / max(elapsed, 1e-9), elapsed / (round_ + 1) * (rounds - round_ - 1)
             print(f"  seed {run.seed}: {len(records)}/{len(items)} items, {rate:.0f} answer tokens/s "
                   f"({tokens['generated']} generated, {tokens['skipped']} skipped: the early exit), accuracy so far "
                   f"{accuracy(task, records):.1f}%, ETA {eta / 60:.1f} min", flush=True)
     module.train(was_training)
-    parts = gather_objects(tokens) if world > 1 else [tokens]  # every rank's counts
+    parts = gather_objects(tokens)  # every rank's counts
     run.tokens = {k: sum(part[k] for part in parts) for k in tokens}
     if rank != 0:
         return None, None
@@ -691,9 +647,8 @@ def make_parser():
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generate() call on each rank")
     add_dtype_flag(p)
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N items (a quick check)")
-    p.add_argument("--prompt-style", choices=PROMPT_STYLES, default=None,
-                   help="d1 (the default): instruction + question, then '<reasoning>'; plain: the question alone (the "
-                   "embedded task, whose model folder says so)")
+    p.add_argument("--prompt-style", choices=PROMPT_STYLES, default=None, help="d1 (the default): instruction + "
+                   "question, then '<reasoning>'; plain: the question alone (the embedded task, whose folder says so)")
     p.add_argument("--out", default=None, help="summary JSON file; every graded item streams to the same name with "
                                                 ".jsonl as its batch finishes, and rerunning the command continues")
     p.add_argument("--log-every", type=int, default=1, help="batches between progress lines")
@@ -701,71 +656,45 @@ def make_parser():
 
 
 def parse_args(argv=None):
-    """(parser, args): the flags, their values checked before anything is read (a one-line error naming the flag)."""
+    """(parser, args): the flags checked before anything is read (a one-line error naming the flag), then args.folder,
+    .adapter (resolve_model), .data, .prompt_style and .options: a flag, else the folder's generation_defaults.json
+    for this task (or for every task when it names none), else d1's protocol."""
     p = make_parser()
     args = p.parse_args(argv)
-    if args.shots < 0:
-        p.error(f"--shots {args.shots}: must be 0 (none) or more")
+    for flag, least in (("shots", 0), ("limit", 1), ("batch_size", 1), ("log_every", 1)):
+        value = getattr(args, flag)
+        if value is not None and value < least:
+            p.error(f"--{flag.replace('_', '-')} {value}: must be {'0 (none) or more' if least == 0 else 'at least 1'}")
     if args.shots and not args.shot_data:
         p.error("--shots needs --shot-data (a file to take the solved examples from)")
-    for flag in ("limit", "batch_size", "log_every"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            p.error(f"--{flag.replace('_', '-')} {value}: must be at least 1")
     try:
-        options_from_flags(args)  # the flags' values, checked (SamplerOptions)
-    except ValueError as e:
-        p.error(str(e))
-    if len(set(args.seeds)) < len(args.seeds):
-        p.error(f"--seeds {' '.join(map(str, args.seeds))}: each seed once (the std is over distinct runs)")
-    for seed in args.seeds:  # an item's noise comes from mixed_seed(seed, index) (item_generator)
-        if seed not in SEEDS:
-            p.error(f"--seeds {seed}: must be {SEED_RULE}")
-    return p, args
-
-
-def resolve_args(p, args):
-    """Sets args.folder and .adapter (a run or checkpoint folder finds its model), and .data, .prompt_style and
-    .options (checked): a flag, else the folder's generation_defaults.json for this task (or for every task when it
-    names none), else d1's protocol."""
-    try:
+        options_from_flags(args)  # the flags' values, checked (SamplerOptions), before the folder is read
+        if len(set(args.seeds)) < len(args.seeds):
+            raise ValueError(f"--seeds {' '.join(map(str, args.seeds))}: each seed once "
+                             "(the std is over distinct runs)")
+        if bad := [seed for seed in args.seeds if seed not in SEEDS]:  # an item's noise: mixed_seed(seed, index)
+            raise ValueError(f"--seeds {bad[0]}: must be {SEED_RULE}")
         args.folder, args.adapter, defaults, o = resolve_model(args, args.task)  # the folder's task's settings
+        if defaults.get("prompt_style") not in (None,) + PROMPT_STYLES:
+            raise ValueError(f"{args.folder / GENERATION_DEFAULTS}: field 'prompt_style' = "
+                             f"{defaults['prompt_style']!r}: expected one of {PROMPT_STYLES}")
+        if args.data is None and not defaults.get("test_data"):
+            raise ValueError(f"--data: give the {args.task} test file (the model folder names none for this task)")
+        args.data = str(args.folder / defaults["test_data"]) if args.data is None else args.data
+        if args.shots and os.path.realpath(args.shot_data) == os.path.realpath(args.data):
+            raise ValueError(f"--shot-data {args.shot_data}: it is the --data file; "
+                             "draw the examples from another split")
+        args.prompt_style = args.prompt_style or defaults.get("prompt_style", "d1")
+        args.options = d1_options(o, GEN_LENGTH[args.task], "flags")  # a flag, else the folder's, else d1's
+        check_step_count(args.options, given=args.steps is not None)  # the context is load_data's check, after --out
     except (FileNotFoundError, ValueError) as e:
         p.error(str(e))
-    if defaults.get("prompt_style") not in (None,) + PROMPT_STYLES:
-        p.error(f"{args.folder / GENERATION_DEFAULTS}: field 'prompt_style' = {defaults['prompt_style']!r}: expected "
-                f"one of {PROMPT_STYLES}")
-    if args.data is None:
-        if not defaults.get("test_data"):
-            p.error(f"--data: give the {args.task} test file (the model folder names none for this task)")
-        args.data = str(args.folder / defaults["test_data"])
-    if args.shots and os.path.realpath(args.shot_data) == os.path.realpath(args.data):
-        p.error(f"--shot-data {args.shot_data}: it is the --data file; draw the examples from another split")
-    args.prompt_style = args.prompt_style or defaults.get("prompt_style", "d1")
-    try:
-        o = d1_options(o, args.task, "flags")  # a flag, else the folder's, else d1's
-        check_step_count(o, given=args.steps is not None)  # the context is load_data's check, after --out
-    except ValueError as e:
-        p.error(str(e))
-    args.options = o
+    return p, args
 
 
 def seed_free(args):
     """True when the generations cannot depend on the seed: no few-shot draw, and a sampler that draws nothing."""
-    o = args.options
-    if args.shots or o.temperature > 0:
-        return False
-    if o.sampler == "dream":
-        return o.alg != "origin" and not o.alg_temp  # origin draws which masks to unmask even when greedy
-    return o.remasking == "low_confidence"
-
-
-def warn_seed_free(args, rank):
-    """Rank 0: a warning when --seeds names several seeds that give the same generations (seed_free); they still run."""
-    if len(args.seeds) > 1 and seed_free(args) and rank == 0:
-        print(f"eval.py: warning: --seeds {' '.join(map(str, args.seeds))}: greedy decoding with {args.shots} shots "
-              "draws nothing from the seed, so every seed repeats the same evaluation and the std over them is 0 by "
-              "construction; sample with --temperature > 0, or use --shots, for a spread", flush=True)
+    return not args.shots and not args.options.draws
 
 
 def load_data(p, args):
@@ -789,19 +718,16 @@ def load_data(p, args):
     fmt = chat_format(tokenizer)
     for item in items + shot_items:
         prompt = build_prompt(args.task, item, args.prompt_style, (), fmt)
-        bad = unencodable_characters(tokenizer, prompt)
-        if bad:
+        if bad := unencodable_characters(tokenizer, prompt):
             hint = ("; the embedded Sudoku model reads plain prompts (--prompt-style plain)"
                     if args.prompt_style != "plain" else "")
             p.error(f"{args.data}: a {args.prompt_style} prompt has characters this model's tokenizer cannot encode: "
                     f"{', '.join(map(repr, bad))}{hint}")
-        problem = mask_in_text(tokenizer, prompt)
-        if problem:
+        if problem := mask_in_text(tokenizer, prompt):
             p.error(f"{args.data}: the question {item['question'][:40]!r}... {problem}")
     for seed in args.seeds if args.shots else args.seeds[:1]:  # each seed's shots: every prompt fits the context
         shots = pick_shots(shot_items, args.shots, seed)
-        bad = unencodable_characters(tokenizer, build_prompt(args.task, items[0], args.prompt_style, shots, fmt))
-        if bad:
+        if bad := unencodable_characters(tokenizer, build_prompt(args.task, items[0], args.prompt_style, shots, fmt)):
             p.error(f"--shots {args.shots}: the few-shot prompt has characters this model's tokenizer cannot encode: "
                     f"{', '.join(map(repr, bad))}")
         encoded_prompts(tokenizer, args.task, items, args.prompt_style, shots, args.options.gen_length,
@@ -811,15 +737,13 @@ def load_data(p, args):
 
 def run_settings(args, dtype):
     """What the generations depend on, stored with every record: a rerun continues a file only with the same."""
-    o = args.options
-    settings = dict(task=args.task, model=os.path.abspath(args.folder),
-                    model_fingerprint=folder_fingerprint(args.folder),
-                    adapter=args.adapter and os.path.abspath(args.adapter), data=os.path.abspath(args.data),
-                    data_sha256=args.data_sha256,
+    o, path = args.options, os.path.abspath
+    settings = dict(task=args.task, model=path(args.folder), model_fingerprint=folder_fingerprint(args.folder),
+                    adapter=args.adapter and path(args.adapter), data=path(args.data), data_sha256=args.data_sha256,
                     gen_length=o.gen_length, steps=o.steps, block_length=o.block_length, batch_size=args.batch_size,
-                    shots=args.shots, shot_data=args.shot_data and os.path.abspath(args.shot_data),
-                    prompt_style=args.prompt_style, temperature=o.temperature, cache=o.cache,
-                    threshold=o.threshold, dtype=str(dtype).replace("torch.", ""))
+                    shots=args.shots, shot_data=args.shot_data and path(args.shot_data), prompt_style=args.prompt_style,
+                    temperature=o.temperature, cache=o.cache, threshold=o.threshold,
+                    dtype=str(dtype).replace("torch.", ""))
     # settings that only some runs use, recorded only when set: a record names the options its run used
     extra = dict(cache_refresh=o.cache_refresh, cache_drift=o.cache_drift, cache_window=o.cache_window,
                  cfg_scale=o.cfg_scale, remasking=None if o.remasking == "low_confidence" else o.remasking,
@@ -870,8 +794,10 @@ def main(argv=None):
         raise ValueError("--harness is gone: the lm-evaluation-harness command is `python harness.py ...` (the same "
                          "flags, without --harness)")
     p, args = parse_args(argv)
-    resolve_args(p, args)
-    warn_seed_free(args, int(os.environ.get("RANK", "0")))
+    if len(args.seeds) > 1 and seed_free(args) and int(os.environ.get("RANK", "0")) == 0:  # they still run
+        print(f"eval.py: warning: --seeds {' '.join(map(str, args.seeds))}: greedy decoding with {args.shots} shots "
+              "draws nothing from the seed, so every seed repeats the same evaluation and the std over them is 0 by "
+              "construction; sample with --temperature > 0, or use --shots, for a spread", flush=True)
     out, records_path, lock = open_output(p, args)  # all checked before the model loads
     try:
         rank, _, device = setup_distributed()  # torchrun's processes; a plain `python eval.py` is one

@@ -25,13 +25,13 @@ import torch.distributed as dist
 
 from data import (BOS, EOT, IM_END, chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text,
                   load_tokenizer)
-from eval import BLOCK_LENGTH, sample_answers
+from eval import BLOCK_LENGTH, d1_options, sample_answers
 from longjob import (DTYPES, SEED_RULE, SEEDS, add_dtype_flag, add_model_flags, barrier, compute_dtype,
                      end_distributed, find_model, gather_objects, json_or_empty, load_weights, run_command_line,
                      setup_distributed)
 from model import atomic_write_text, check_fields, read_config, shift_right
 from sample import (SamplerOptions, add_sampler_flags, decode_until_stop, generate, options_from_flags, resolve_model,
-                    stop_ids, with_lengths)
+                    stop_ids)
 
 try:  # lm-evaluation-harness, optional: GiftLM (its model "gift") and harness.py need it
     import lm_eval.models  # noqa: F401  the harness's own models, registered first (lazily), stay available
@@ -360,7 +360,7 @@ class GiftLM(LM):
         if o.sampler == "block":
             block = o.block_length or min(BLOCK_LENGTH, gen_length)
             gen_length = -(-gen_length // block) * block
-        return with_lengths(replace(o, gen_length=gen_length), gen_length, BLOCK_LENGTH, 2)
+        return d1_options(replace(o, gen_length=gen_length), gen_length)
 
     def generate_until(self, requests):
         """Each context sampled with the options, in batches of batch_size consecutive requests with the same

@@ -1,25 +1,18 @@
 """LLaDA's block diffusion sampler: the official generate.py, token for token, batched; and the chat command.
 
-LLaDA (Nie et al. 2025, "Large Language Diffusion Models", Sec. 2.4 and Appendix B) answers by starting from a fully
-masked response and running `steps` reverse-diffusion steps; each step predicts every masked token and keeps the
-predictions it is most confident about ("low-confidence remasking"). With block_length < gen_length the response is
-filled block by block, left to right ("semi-autoregressive remasking"). generate() reproduces the official sampler
-(github.com/ML-GSAI/LLaDA, generate.py at HEAD) with its arguments and random draws; it differs from it only where the
-tokens cannot change (batched top-k, the LM head at the unmaskable positions only: docs/samplers.md), and adds an
-early exit (a row stops once its answer has ended). It samples Dream too, the paper's protocol for it (Appendix C):
-Dream's logits at position i - 1 predict token i, so each token is read one position to the left.
-The file reads in two parts: the exact sampler (copyable next to model.py alone); SamplerOptions, every sampler's
-options declared once (flags of sample.py, eval.py and the harness), and the chat command. Beside it:
-cached_sample.py (Fast-dLLM's cached sampler, faster, not exact) and dream.py (Dream's own sampler).
+LLaDA (Nie et al. 2025, "Large Language Diffusion Models", Sec. 2.4 and Appendix B) unmasks a fully masked answer
+in `steps` reverse-diffusion steps, each keeping its most confident predictions (low-confidence remasking), block by
+block when block_length < gen_length (semi-autoregressive). generate() is the official sampler (generate.py at HEAD,
+github.com/ML-GSAI/LLaDA): its arguments, random draws and tokens (where it differs, the tokens cannot:
+docs/samplers.md), plus an early exit; on Dream (Appendix C) each token is read from the logits one position to its
+left. Below it, SamplerOptions: every sampler's options. Beside it: cached_sample.py (Fast-dLLM's), dream.py (Dream's).
 
     python sample.py --model DIR [--adapter DIR] --prompt "..." [--gen-length 128 --steps 128 --block-length 32]
     python sample.py --model DREAM_DIR --prompt "..." --sampler dream --alg entropy --steps 128   # Dream's own
-    python cached_sample.py --model DIR --prompt "..." --cache dual --threshold 0.9             # the cached sampler
 """
 
 # =============================================================================
-# The exact sampler: LLaDA's official generate(), loop for loop, batched. This part stands alone: copied next to
-# model.py (it needs only torch and model.py), it samples as this file does.
+# The exact sampler: LLaDA's official generate(), loop for loop, batched; copied next to model.py, it samples as here.
 # =============================================================================
 
 import torch
@@ -27,7 +20,6 @@ import torch.nn.functional as F
 
 from model import check_prompt, check_value, predicting_hidden, unwrap
 
-REMASKING = ("low_confidence", "random")  # the official strategies
 # generate()'s arguments, each rule once (model.check_value); SamplerOptions' fields read the same rules
 BLOCK_RULES = dict(
     gen_length=dict(kind=int, range="[1, inf)", what="must be at least 1"),
@@ -35,16 +27,14 @@ BLOCK_RULES = dict(
     block_length=dict(kind=int, range="[1, inf)", what="must be at least 1"),
     temperature=dict(kind=float, range="[0, inf)", what="must be 0 (greedy) or more, a finite number"),
     cfg_scale=dict(kind=float, range="[0, inf)", what="must be 0 (off) or more, a finite number"),
-    remasking=dict(kind=str, choices=REMASKING),
+    remasking=dict(kind=str, choices=("low_confidence", "random")),  # the official strategies
 )
 
 
 def uniforms(shape, generator, device, dtype=None, lengths=None):
-    """U(0, 1) draws of `shape` (B, ...) in `dtype` (None: float32) from one generator (None: torch's global one) or
-    from a list of B generators, one per row: training's draw rule (gift.py Part I's uniforms; a test pins the two
-    equal), copied here so that this part needs no trainer. lengths (B,) ints, with a list: row b draws over its
-    last lengths[b] positions only (dim 1: its own tokens, not its left padding; the others 0.5), so that its draws
-    do not depend on the length of the rows beside it."""
+    """U(0, 1) draws of `shape` (B, ...) in `dtype` (None: float32) from one generator (None: torch's global one) or a
+    list of B, one per row: gift.py's draw rule (a test pins the two equal). lengths (B,), with a list: row b draws
+    over its last lengths[b] positions of dim 1 (its tokens, not its left pads; the others 0.5), whatever its batch."""
     if generator is None or isinstance(generator, torch.Generator):
         where = device if generator is None else generator.device
         return torch.rand(shape, dtype=dtype, device=where, generator=generator).to(device)
@@ -57,63 +47,40 @@ def uniforms(shape, generator, device, dtype=None, lengths=None):
 
 
 def get_num_transfer_tokens(block_mask_index, steps):
-    """How many tokens each row unmasks at each of the block's `steps` steps (official get_num_transfer_tokens): the
-    noise schedule is linear (paper Eq. (8)), so m // steps per step, plus one for each of the first m % steps steps
-    (m = masks in the block; with more steps than masks, the last steps unmask nothing).
-    block_mask_index (B, Lb) bool -> (B, steps) long, summing to m per row."""
+    """The official get_num_transfer_tokens: how many of its block's m masks (B, Lb) each row unmasks at each step,
+    (B, steps); the schedule is linear (paper Eq. (8)): m // steps per step, one more at each of the first m % steps."""
     m = block_mask_index.sum(dim=1, keepdim=True)  # (B, 1)
     extra = torch.arange(steps, device=m.device)[None, :] < (m % steps)  # (B, steps): the first m % steps steps
     return m // steps + extra.long()
 
 
 def add_gumbel_noise(logits, temperature, u):
-    """Gumbel-max sampling, as the official add_gumbel_noise: argmax of exp(logits) / (-log u)^temperature is a draw
-    from softmax(logits / temperature). Float64: low-precision Gumbel-max hurts generation quality (the official
-    docstring, arXiv:2409.02908). u: float64 uniforms, the logits' shape, drawn by the caller over the official
-    (B, L, V). temperature 0 returns the logits themselves (greedy, in the model's dtype, as the official code)."""
+    """Gumbel-max, as the official add_gumbel_noise: argmax of exp(logits) / (-log u)^temperature is a draw from
+    softmax(logits / temperature), in float64 (low precision hurts generation quality: the official docstring,
+    arXiv:2409.02908); u: float64 uniforms, the logits' shape. Temperature 0: the logits themselves (greedy)."""
     if temperature == 0:
         return logits
     return logits.to(torch.float64).exp() / (-torch.log(u)) ** temperature
 
 
-def low_confidence(logits, x0):
-    """The model's probability of each candidate: softmax of the (guided, un-noised) logits at x0, in the logits'
-    dtype, exactly as the official `F.softmax(logits, dim=-1)` (bf16 for the real model: confidences round to 8
-    mantissa bits and tie often; transfer_index resolves ties as torch.topk does). logits (N, V), x0 (N,) -> (N,)."""
-    p = F.softmax(logits, dim=-1)
-    return torch.gather(p, -1, x0[:, None]).squeeze(-1)
-
-
 def transfer_index(confidence, k):
-    """Mark the k[b] most confident positions of each row b: confidence (B, L), k (B,) -> (B, L) bool.
-
-    The official code calls torch.topk(confidence[b], k[b]) row by row; one torch.topk at k = max(k), each row's
-    first k[b] kept, is exactly that call, ties included, when every row has the same k (as in generate(): each block
-    starts fully masked in every row): topk treats each row of a batch as a lone row (on the CPU an introselect whose
-    tie order is not "lowest index first": a stable sort would NOT reproduce it). Unequal k: a valid top-k[b] each.
-    """
+    """The k[b] most confident positions of each row b: confidence (B, L), k (B,) -> (B, L) bool. One torch.topk at
+    max(k), each row's first k[b] kept, is the official torch.topk(confidence[b], k[b]) per row, ties included, when all
+    k are equal (generate()): topk treats each row alone (on the CPU an introselect: not a stable sort's tie order)."""
     k_max = int(k.max())
     top = torch.topk(confidence, k_max, dim=-1).indices  # (B, k_max), most confident first
     keep = torch.arange(k_max, device=k.device)[None, :] < k[:, None]  # (B, k_max)
     return torch.zeros_like(confidence, dtype=torch.bool).scatter_(-1, top, keep)
 
 
-def cfg_batch(x, attention_mask, prompt_index, cfg_scale, mask_id):
-    """Unsupervised classifier-free guidance's input (LLaDA paper, Appendix B; official code): the batch (B, L)
-    stacked with a copy whose prompt positions are masked, (2B, L), and its attention mask; as it is without CFG."""
-    if cfg_scale <= 0:  # the official test is `if cfg_scale > 0.`
-        return x, attention_mask
-    un_x = x.masked_fill(prompt_index, mask_id)  # prompt masked: the unconditional input
-    return torch.cat([x, un_x]), None if attention_mask is None else torch.cat([attention_mask, attention_mask])
-
-
 def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, mask_id, forward=None):
-    """Logits (N, V) at the N eligible positions of x (B, L) (row-major order), each the logits that predict its
-    token, with classifier-free guidance when cfg_scale > 0: uncond + (cfg_scale + 1) * (cond - uncond), in the
-    logits' dtype, as the official code. The LM head runs on the eligible rows only. forward: None, one forward of
-    the whole sequence (model.predicting_hidden); or (model, x, attention_mask) -> (the hidden states predicting
-    positions s .. e - 1, s), a cached sampler's (cached_sample.py)."""
-    x, attention_mask = cfg_batch(x, attention_mask, prompt_index, cfg_scale, mask_id)  # (B or 2B, L)
+    """Logits (N, V) predicting the N eligible positions of x (B, L) (row-major order), the LM head run there only;
+    cfg_scale > 0: unsupervised classifier-free guidance (LLaDA Appendix B), uncond + (cfg_scale + 1) * (cond - uncond)
+    in the logits' dtype, as officially. forward: None, model.predicting_hidden of the whole sequence; or a cached
+    sampler's (model, x, attention_mask) -> (the hidden states predicting positions s .. e - 1, s)."""
+    if cfg_scale > 0:  # the official test; the batch stacked with its unconditional copy, the prompt masked: (2B, L)
+        x = torch.cat([x, x.masked_fill(prompt_index, mask_id)])
+        attention_mask = None if attention_mask is None else torch.cat([attention_mask, attention_mask])
     h, s = (predicting_hidden(model, x, attention_mask), 0) if forward is None else forward(model, x, attention_mask)
     head, rows = unwrap(model).head, eligible[:, s:s + h.shape[1]]  # h: (B or 2B, e - s, D)
     if cfg_scale <= 0:
@@ -124,17 +91,12 @@ def guided_logits(model, x, attention_mask, eligible, prompt_index, cfg_scale, m
 
 
 def candidates(logits, x, eligible, temperature, remasking, generator, lengths=None, eos_inf=None, eos_eot_inf=None):
-    """The eligible positions' candidate tokens and their confidence, drawn as the official loop draws them:
-    logits (N, V) at the eligible positions of x (B, L) -> x0 (B, L), x with the candidates in (the official
-    torch.where(mask_index, x0, x)), and confidence (B, L), -inf where nothing may change. A candidate is the argmax,
-    or the Gumbel-max at temperature > 0 with uniforms drawn over the official (B, L, V) float64 (one RNG state, the
-    official tokens; per-row generators: each row over its own `lengths` tokens); its confidence its probability
-    (low_confidence) or, remasking "random", a float32 uniform.
-    eos_inf: the EOS id, or None: the official logits_eos_inf (LLaDA Appendix B.4), EOS's logit -inf before the draw.
-    eos_eot_inf: (EOS id, EoT id), or None: the official confidence_eos_eot_inf as its code runs, after the draw:
-    `logits_with_noise[:, :, eos] = logits[:, :, eot] = -inf`. The EoT's logit is then -inf in the softmax of the
-    confidences (an EoT candidate's confidence is 0, the others' renormalised); so is the EOS's at temperature 0 only,
-    where the official logits_with_noise IS the logits (add_gumbel_noise returns them), at temperature > 0 a copy."""
+    """Candidates and confidences, drawn as the official loop draws them: logits (N, V) at the eligible positions of
+    x (B, L) -> x0 (B, L), x with the candidates in, and confidence (B, L), -inf where nothing may change: the argmax,
+    at temperature > 0 Gumbel-noised with the official (B, L, V) float64 uniforms (per-row generators: over `lengths`);
+    its probability or (remasking "random") a float32 uniform. LLaDA Appendix B.4's eos_inf (EOS id): EOS's logit -inf
+    before the draw; eos_eot_inf (EOS, EoT ids): confidence_eos_eot_inf as the official code runs it, after the draw,
+    `logits_with_noise[:, :, eos] = logits[:, :, eot] = -inf` (an EoT's confidence is 0, an EOS's at temperature 0)."""
     (B, L), V = x.shape, logits.shape[-1]
     if eos_inf is not None:
         logits[:, eos_inf] = float("-inf")
@@ -143,8 +105,8 @@ def candidates(logits, x, eligible, temperature, remasking, generator, lengths=N
     x0 = torch.argmax(noisy, dim=-1)  # (N,)
     if eos_eot_inf is not None:
         noisy[:, eos_eot_inf[0]] = logits[:, eos_eot_inf[1]] = float("-inf")
-    if remasking == "low_confidence":
-        x0_p = low_confidence(logits, x0)  # (N,)
+    if remasking == "low_confidence":  # the official F.softmax, in the logits' dtype (bf16 ties: transfer_index)
+        x0_p = torch.gather(F.softmax(logits, dim=-1), -1, x0[:, None]).squeeze(-1)  # (N,)
     else:
         x0_p = uniforms((B, L), generator, x.device, lengths=lengths)[eligible]  # (N,)
     confidence = torch.full((B, L), float("-inf"), dtype=x0_p.dtype, device=x.device)
@@ -163,20 +125,6 @@ def check_schedule(said, gen_length, steps, block_length):
                          f"multiple of the number of blocks {n_blocks}; e.g. {hint}")
 
 
-# The block loop's skeleton, shared with the cached sampler: the early exit (a row whose text up to its first stop
-# token is final leaves the batch), the rows still sampled, and the EOS written after each row's stop
-
-
-def finished_rows(x, start, end, stop_ids, mask_id):
-    """The early exit's test, (B,) bool: the rows of x (B, L) whose answer (from `start`) holds a stop token before
-    `end` with no mask before it. The sampler never changes a token once unmasked, so such a row's text up to its
-    first stop is final: the blocks after it cannot change what is read (decode_until_stop)."""
-    answer = x[:, start:end]  # (B, n): the finished blocks
-    stop = torch.isin(answer, stop_ids)  # (B, n)
-    before = stop.int().cumsum(1) == 0  # the positions before the row's first stop
-    return stop.any(1) & ~(before & (answer == mask_id)).any(1)
-
-
 def eos_after_stop(x, start, stop_ids, eos_id):
     """x (B, L) with every answer position (from `start`) after its row's first stop token set to eos_id: what the
     early exit returns, as a model trained on EOS-padded answers (LLaDA's SFT) writes them."""
@@ -186,9 +134,8 @@ def eos_after_stop(x, start, stop_ids, eos_id):
 
 
 def check_stop_ids(stop_ids, generator, B, draws, where, device):
-    """The early exit with random draws (`draws`) on a batch of B > 1 rows needs a generator per row: one generator's
-    draws span the batch, so a row leaving would change the draws of the rows beside it. Returns stop_ids as a
-    tensor on `device` (or None)."""
+    """stop_ids (the early exit) as a tensor on `device` (or None), refused with random `draws` on B > 1 rows and one
+    generator: its draws span the batch, so a row leaving would change the draws of the rows beside it."""
     if stop_ids is not None and draws and B > 1 and not isinstance(generator, (list, tuple)):
         raise ValueError(f"{where}: stop_ids (the early exit) with random draws on a batch of {B} rows needs one "
                          "generator per row (a list): one generator's draws span the batch")
@@ -196,8 +143,7 @@ def check_stop_ids(stop_ids, generator, B, draws, where, device):
 
 
 def append_masks(prompt, attention_mask, gen_length, mask_id):
-    """The sampler's start: x = the prompt then gen_length masks (B, P + gen_length), and the attention mask
-    extended with ones (the answer is attended to)."""
+    """The sampler's start: the prompt then gen_length masks (B, P + gen_length), the attention mask extended by 1s."""
     x = torch.full((prompt.shape[0], prompt.shape[1] + gen_length), mask_id, dtype=torch.long, device=prompt.device)
     x[:, :prompt.shape[1]] = prompt
     if attention_mask is not None:
@@ -206,16 +152,18 @@ def append_masks(prompt, attention_mask, gen_length, mask_id):
 
 
 def block_rows(x, attention_mask, prompt_index, generator, P, block_length, stop_ids, mask_id, stats):
-    """The blocks of the answer of x (B, P + answer) in turn, as (block start, block end, live, rows): live (k,) the
-    rows still sampled (all, but for the early exit), rows their (x, attention mask, prompt positions, generators,
-    lengths: each row's own tokens, not its left pads). stop_ids (the early exit, check_stop_ids): a row leaves before
-    a block once finished_rows holds for it, and the loop ends when none is left; stats["skipped"] (a dict, or None)
-    gains the answer tokens not sampled. The caller writes each block's rows back: x[live] = rows[0]."""
+    """The block loop, shared with the cached sampler: (block start, block end, live, rows) per block, live (k,) the
+    rows still sampled, rows their (x, attention mask, prompt positions, generators, lengths: each row's own tokens);
+    the caller writes x[live] = rows[0]. stop_ids, the early exit: a row whose finished blocks hold a stop with no mask
+    before it leaves (its text up to the stop is final), and stats["skipped"] (a dict, or None) counts what it skips."""
     live, n_blocks = torch.arange(len(x), device=x.device), (x.shape[1] - P) // block_length
     for b in range(n_blocks):
         start = P + b * block_length
         if stop_ids is not None:
-            done = finished_rows(x[live], P, start, stop_ids, mask_id)  # (k,)
+            answer = x[live, P:start]  # (k, n): the finished blocks
+            stop = torch.isin(answer, stop_ids)  # (k, n)
+            before = stop.int().cumsum(1) == 0  # the positions before the row's first stop
+            done = stop.any(1) & ~(before & (answer == mask_id)).any(1)  # (k,)
             if stats is not None:
                 stats["skipped"] = stats.get("skipped", 0) + int(done.sum()) * (n_blocks - b) * block_length
             live = live[~done]
@@ -230,30 +178,18 @@ def block_rows(x, attention_mask, prompt_index, generator, P, block_length, stop
 def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, block_length=128, temperature=0.,
              cfg_scale=0., remasking="low_confidence", mask_id=None, logits_eos_inf=False, confidence_eos_eot_inf=False,
              generator=None, stop_ids=None, stats=None, eot_id=None):
-    """LLaDA's official generate() at HEAD, batched: its arguments, random draws and tokens. Returns x
-    (B, prompt_len + gen_length), prompt included.
+    """LLaDA's official generate() at HEAD, batched (its arguments, random draws and tokens): x (B, P + gen_length).
 
-    model: called as model(x, attention_mask=..., return_hidden=True) -> (B, L, D), with the LM head at
-        unwrap(model).head; in eval mode (LoRA dropout). A Dream model (model.predicts_shifted) is sampled the same
-        way, each token read from the logits that predict it (position i - 1), as its generation code shifts them.
+    model: model(x, attention_mask=..., return_hidden=True) -> (B, L, D), its LM head unwrap(model).head, in eval mode
+        (LoRA dropout); a Dream model (model.predicts_shifted) reads each token from the logits at position i - 1.
     prompt: (B, P) token ids; left-pad a batch of prompts and give attention_mask (B, P), 0 on the pads.
-    steps: sampling steps in all, split evenly over the gen_length / block_length blocks.
-    block_length < gen_length: semi-autoregressive, one block at a time, left to right.
-    temperature: 0 = greedy; > 0 samples with float64 Gumbel noise.
-    cfg_scale: unsupervised classifier-free guidance scale (0 = off).
-    remasking: "low_confidence" (unmask the most probable predictions) or "random".
-    mask_id: defaults to model.config.mask_token_id (the official 126336).
-    logits_eos_inf, confidence_eos_eot_inf: the official options (LLaDA Appendix B.4; its EVAL.md uses the second for
-        GSM8K at length 512), as its code runs them (candidates): EOS is model.config.eos_token_id (the official
-        126081), the EoT eot_id (LLaDA's <|eot_id|>, the official 126348; the tokenizer's turn end).
-    generator: torch.Generator on the prompt's device for the random draws (None: the global RNG, as official).
-        The draws have the official shapes and order ((B, L, V) float64 uniforms for the noise, then (B, L)
-        float32 for random remasking), so the same RNG state gives the official tokens. A list of B generators
-        draws each row's noise from its own, over its own tokens, not its left padding (uniforms' lengths): a row's
-        tokens then do not depend on its batch.
-    stop_ids, stats: the early exit (block_rows): the ids that end an answer (turn end, EOS; stop_ids(tokenizer)),
-        or None, the official loop. Given, each row's ids after its first stop come back as EOS: the same text up to
-        the stop as without (in float32 a smaller batch may round otherwise: README).
+    steps: in all, split evenly over the gen_length / block_length blocks, filled left to right.
+    temperature (0 greedy), cfg_scale (0 off), remasking, mask_id (None: config.mask_token_id): the official arguments;
+        logits_eos_inf, confidence_eos_eot_inf its options (candidates), EOS config.eos_token_id, the EoT eot_id.
+    generator: a torch.Generator (None: the global RNG, as official), drawn in the official shapes and order: the same
+        RNG state gives the official tokens. A list of B: each row's own (uniforms), its tokens then batch-independent.
+    stop_ids, stats: the early exit (block_rows; stop_ids(tokenizer)), or None, the official loop: each row's ids after
+        its first stop come back as EOS, the same text up to it (in float32 a smaller batch may round otherwise).
     """
     module = unwrap(model)
     mask_id = module.config.mask_token_id if mask_id is None else mask_id
@@ -264,15 +200,13 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
     check_schedule(lambda key: f"sample.py generate: {key}={given[key]!r}", gen_length, steps, block_length)
     check_prompt(prompt, attention_mask, generator, "sample.py generate", model, gen_length)
     if confidence_eos_eot_inf and eot_id is None:
-        raise ValueError("sample.py generate: confidence_eos_eot_inf needs eot_id, the turn end's token id (LLaDA's "
-                         "<|eot_id|>: 126348)")
+        raise ValueError("sample.py generate: confidence_eos_eot_inf needs eot_id, the turn end's id (LLaDA's: 126348)")
     eos_id = module.config.eos_token_id if logits_eos_inf or confidence_eos_eot_inf or stop_ids else None
     stop_ids = check_stop_ids(stop_ids, generator, len(prompt), temperature > 0 or remasking == "random",
                               "sample.py generate", prompt.device)
     x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
     prompt_index = x != mask_id  # what CFG masks: every non-mask token at the start, left pads included
     positions = torch.arange(x.shape[1], device=x.device)  # (L,)
-
     steps = steps // (gen_length // block_length)  # per block, as in the official code
     for block_start, block_end, live, (xb, mask_b, prompt_b, generator_b, lengths_b) in block_rows(
             x, attention_mask, prompt_index, generator, prompt.shape[1], block_length, stop_ids, mask_id, stats):
@@ -341,13 +275,14 @@ class SamplerOptions:
     gen_length: int = field(default=None, metadata=rule(BLOCK_RULES, "gen_length", "tokens to generate; unset: the "
                             "model folder's generation_defaults.json (sample.py: else 128; eval.py: else d1's 512 for "
                             "Sudoku / Countdown, 256 for GSM8K / MATH500)"))
-    steps: int = field(default=None, metadata=rule(BLOCK_RULES, "steps", "sampling steps in all, split evenly over the "
-                       "blocks; unset: the model folder's, else gen-length (sample.py) or gen-length / 2 (eval.py, d1)"))
+    steps: int = field(default=None, metadata=rule(BLOCK_RULES, "steps", "sampling steps in all, split evenly "
+                       "over the blocks; unset: the model folder's, else gen-length (sample.py) or gen-length / 2 "
+                       "(eval.py, d1)"))
     block_length: int = field(default=None, metadata=rule(BLOCK_RULES, "block_length", "semi-autoregressive block "
                               "length; unset: the model folder's, else min(32, gen-length) (sample.py) or 32 (eval.py, "
                               "d1)"))
-    temperature: float = field(default=0.0, metadata=rule(BLOCK_RULES, "temperature", "0 = greedy (d1's protocol); > 0 "
-                               "samples with float64 Gumbel noise (--sampler dream: from softmax(logits / temperature))"))
+    temperature: float = field(default=0.0, metadata=rule(BLOCK_RULES, "temperature", "0 = greedy (d1's protocol); "
+                               "> 0 samples with float64 Gumbel noise (Dream's sampler: from softmax(logits / T))"))
     cfg_scale: float = field(default=0.0, metadata=rule(BLOCK_RULES, "cfg_scale", "unsupervised classifier-free "
                              "guidance scale (0 = off)"))
     remasking: str = field(default="low_confidence", metadata=rule(BLOCK_RULES, "remasking", "remasking strategy (d1's "
@@ -405,6 +340,14 @@ class SamplerOptions:
         """True when these options ask for the exact block sampler, generate() (no cache, no threshold)."""
         return self.sampler == "block" and self.cache is None and self.threshold is None
 
+    @property
+    def draws(self):
+        """True when the sampler draws random numbers (its seed matters): temperature > 0, random remasking, or Dream's
+        alg origin or alg_temp, which draw the positions to unmask even when greedy."""
+        if self.sampler == "dream":
+            return self.temperature > 0 or self.alg == "origin" or bool(self.alg_temp)
+        return self.temperature > 0 or self.remasking == "random"
+
 
 def generate_with_options(model, prompt, attention_mask=None, options=None, generator=None, stop_ids=None, stats=None,
                           eot_id=None):
@@ -429,6 +372,15 @@ def generate_with_options(model, prompt, attention_mask=None, options=None, gene
                     remasking=o.remasking, logits_eos_inf=o.logits_eos_inf,
                     confidence_eos_eot_inf=o.confidence_eos_eot_inf, generator=generator,
                     stop_ids=None if o.early_exit is False else stop_ids, stats=stats, eot_id=eot_id)
+
+
+def left_padded(prompts, pad_id):
+    """Token-id lists as the samplers' batch, left-padded (every answer at positions P onwards): ids and attention
+    mask (B, P), 0 on the pads."""
+    P = max(len(x) for x in prompts)
+    ids = torch.tensor([[pad_id] * (P - len(x)) + list(x) for x in prompts], dtype=torch.long)  # (B, P)
+    attention_mask = torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in prompts], dtype=torch.long)  # (B, P)
+    return ids, attention_mask
 
 
 # -----------------------------------------------------------------------------
@@ -596,10 +548,10 @@ def make_parser():
 
 
 def parse_args(argv=None, cached=False):
-    """sample.py's flags (cached: cached_sample.py's, the same), checked before the model loads (a one-line error naming the flag), and the SamplerOptions
-    they give, the fields not given taken from the model folder's generation_defaults.json (options_from_flags) and
-    the lengths still unset from with_lengths. Returns (args, options); args gains .folder, the model folder, and
-    .adapter, the flag's or the checkpoint's."""
+    """sample.py's flags (cached: cached_sample.py's, the same), checked before the model loads (a one-line error
+    naming the flag), and the SamplerOptions they give, the fields not given taken from the model folder's
+    generation_defaults.json (options_from_flags), the lengths still unset from with_lengths. Returns (args,
+    options); args gains .folder, the model folder, and .adapter, the flag's or the checkpoint's."""
     p = make_parser()
     args = p.parse_args(argv)
     try:

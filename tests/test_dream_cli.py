@@ -78,8 +78,8 @@ def random_text_ids(n, seed, n_chars=len(embedded.DREAM_CHAR_VOCAB)):
 def padded_batch(lengths=(5, 9, 7), seed=0):
     """Prompts of these lengths, left-padded with Dream's pad: (ids (B, P), attention_mask (B, P), the prompts)."""
     prompts = [random_text_ids(n, seed + n) for n in lengths]
-    ids, mask = E.left_padded([p.tolist() for p in prompts], embedded.make_char_tokenizer(family="dream").token_to_id(
-        data.EOS))
+    pad_id = embedded.make_char_tokenizer(family="dream").token_to_id(data.EOS)
+    ids, mask = sample.left_padded([p.tolist() for p in prompts], pad_id)
     return ids, mask, prompts
 
 
@@ -356,7 +356,7 @@ def test_eval_py_with_dreams_sampler(tmp_path, one_thread):
     prompts = [data.encode(tokenizer, E.build_prompt("sudoku", it, "plain", fmt="chatml")) for it in items]
     want = []
     for start in (0, 2):
-        ids, mask = E.left_padded(prompts[start:start + 2], model.config.pad_token_id)
+        ids, mask = sample.left_padded(prompts[start:start + 2], model.config.pad_token_id)
         out = diffusion_generate(model, ids, mask, max_new_tokens=16, steps=8,
                                  generator=E.item_generator(4, start, "cpu"))
         want += [tokenizer.decode(row.tolist(), skip_special_tokens=False) for row in out[:, ids.shape[1]:]]
