@@ -40,8 +40,8 @@ from data import (EOT, IM_END, SUDOKU_TASK_PROMPT, BadRow, chat_format, chat_pro
                   read_data_file, unencodable_characters)
 from longjob import (SEED_RULE, SEEDS, adapter_fingerprint, add_dtype_flag, add_model_flags, append_records,
                      broadcast_object, check_summary, compute_dtype, end_distributed, folder_fingerprint,
-                     gather_objects, load_weights, mixed_seed, open_output, rank_and_world, read_records,
-                     run_command_line, setup_distributed)
+                     gather_objects, hms, load_weights, mixed_seed, open_output, rank_and_world, read_records,
+                     run_command_line, seconds_left, setup_distributed)
 from model import GENERATION_DEFAULTS, atomic_write_text, read_config, unwrap
 from sample import (SamplerOptions, add_sampler_flags, check_step_count, left_padded, options_from_flags, resolve_model,
                     stop_ids, with_lengths)
@@ -614,10 +614,10 @@ def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, 
             run.on_batch(new)
         if rank == 0 and run.log_every and ((round_ + 1) % run.log_every == 0 or round_ == rounds - 1):
             elapsed = time.time() - start
-            rate, eta = sum(tokens.values()) / max(elapsed, 1e-9), elapsed / (round_ + 1) * (rounds - round_ - 1)
+            rate, eta = sum(tokens.values()) / max(elapsed, 1e-9), seconds_left(start, round_ + 1, rounds - round_ - 1)
             print(f"  seed {run.seed}: {len(records)}/{len(items)} items, {rate:.0f} answer tokens/s "
                   f"({tokens['generated']} generated, {tokens['skipped']} skipped: the early exit), accuracy so far "
-                  f"{accuracy(task, records):.1f}%, ETA {eta / 60:.1f} min", flush=True)
+                  f"{accuracy(task, records):.1f}%, ETA {hms(eta)}", flush=True)
     module.train(was_training)
     parts = gather_objects(tokens)  # every rank's counts
     run.tokens = {k: sum(part[k] for part in parts) for k in tokens}

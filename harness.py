@@ -27,8 +27,8 @@ from data import (BOS, EOT, IM_END, chat_format, chat_prompt, check_chat_tokens,
                   load_tokenizer)
 from eval import BLOCK_LENGTH, d1_options, sample_answers
 from longjob import (DTYPES, SEED_RULE, SEEDS, add_dtype_flag, add_model_flags, barrier, compute_dtype,
-                     end_distributed, find_model, gather_objects, json_or_empty, load_weights, run_command_line,
-                     setup_distributed)
+                     end_distributed, find_model, gather_objects, hms, json_or_empty, load_weights, run_command_line,
+                     seconds_left, setup_distributed)
 from model import atomic_write_text, check_fields, read_config, shift_right
 from sample import (SamplerOptions, add_sampler_flags, decode_until_stop, generate, options_from_flags, resolve_model,
                     stop_ids)
@@ -350,7 +350,7 @@ class GiftLM(LM):
             if self._rank == 0 and time.time() - said >= PROGRESS_SECONDS:
                 said = time.time()
                 print(f"GiftLM: {kind}: {done}/{len(requests)} requests, ETA "
-                      f"{(said - start) / done * (len(requests) - done) / 60:.1f} min", flush=True)
+                      f"{hms(seconds_left(start, done, len(requests) - done))}", flush=True)
 
     def _generation_options(self, gen_kwargs, task):
         """The sampler's options for a task: model_args' (or the folder's) lengths, else gen_length = the task's

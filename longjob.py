@@ -1239,7 +1239,7 @@ class MetricsLog:
         self.t_last = now
         self.unlogged.append(result)
         if state.step % self.log_every == 0 or state.step == self.total_steps:
-            eta_s = (time.time() - self.t_attempt) / (state.step - self.first_step) * (self.total_steps - state.step)
+            eta_s = seconds_left(self.t_attempt, state.step - self.first_step, self.total_steps - state.step)
             record = log_record(self.unlogged, state, epoch, self.total_steps, lr, eta_s)
             log(self.file, record)
             if self.tracker:
@@ -1293,6 +1293,12 @@ def log(metrics, record):
             metrics.flush()
         except OSError as e:  # e.g. a full disk: say which file
             raise OSError(e.errno, f"{metrics.name}: {e.strerror or e}") from None
+
+
+def seconds_left(start, done, left):
+    """The ETA of every progress line (the training log's, eval.py's, the harness's): `left` more units at the pace
+    of the `done` since time.time() was `start`."""
+    return (time.time() - start) / max(done, 1) * left
 
 
 def hms(seconds):
