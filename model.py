@@ -9,10 +9,9 @@ tests/golden, github.com/ML-GSAI/LLaDA's Hugging Face modeling_llada.py):
     logits = ff_out_head(ln_f(x))                                      # untied LM head, no logit scaling
 Attention is full (non-causal): every token sees every non-padding token.
 
-The same transformer runs Dream-v0 (github.com/HKUNLP/Dream: Qwen2.5 made bidirectional, config.json's model_type
-"Dream"). Where the two families differ, a Family field (FAMILIES) carries the difference, never a second copy of a
-block: Qwen's field and key names are translated at every file boundary (DREAM_FIELDS, DREAM_MODULES), so inside, the
-modules keep LLaDA's names; its logits at position i - 1 predict token i, which forward() leaves to the caller.
+The same transformer runs Dream-v0 (github.com/HKUNLP/Dream: Qwen2.5 made bidirectional, model_type "Dream"): a Family
+field (FAMILIES) carries each difference, never a second copy of a block; Qwen's field and key names are translated at
+every file boundary (DREAM_FIELDS, DREAM_MODULES), and its logits at i - 1 predict token i, left to the caller.
 """
 
 import collections
@@ -49,34 +48,24 @@ DREAM_FIELDS = dict(
     rms_norm_eps=("rms_norm_eps", 1e-6), mask_token_id=("mask_token_id", 151666), pad_token_id=("pad_token_id", 151643),
     eos_token_id=("eos_token_id", 151643), weight_tying=("tie_word_embeddings", False),
     activation_type=("hidden_act", "silu"), attention_dropout=("attention_dropout", 0.0))
-# Dream config.json fields this implementation does not compute: any other value is refused by name
-DREAM_UNSUPPORTED = dict(use_sliding_window=False, rope_scaling=None)
-# Dream's checkpoint names of our modules ({i}: the block index); LLaDA's are ours
-DREAM_MODULES = (
-    ("model.transformer.wte", "model.embed_tokens"),
-    ("model.transformer.blocks.{i}.attn_norm", "model.layers.{i}.input_layernorm"),
-    ("model.transformer.blocks.{i}.q_proj", "model.layers.{i}.self_attn.q_proj"),
-    ("model.transformer.blocks.{i}.k_proj", "model.layers.{i}.self_attn.k_proj"),
-    ("model.transformer.blocks.{i}.v_proj", "model.layers.{i}.self_attn.v_proj"),
-    ("model.transformer.blocks.{i}.attn_out", "model.layers.{i}.self_attn.o_proj"),
-    ("model.transformer.blocks.{i}.ff_norm", "model.layers.{i}.post_attention_layernorm"),
-    ("model.transformer.blocks.{i}.ff_proj", "model.layers.{i}.mlp.gate_proj"),
-    ("model.transformer.blocks.{i}.up_proj", "model.layers.{i}.mlp.up_proj"),
-    ("model.transformer.blocks.{i}.ff_out", "model.layers.{i}.mlp.down_proj"),
-    ("model.transformer.ln_f", "model.norm"),
-    ("model.transformer.ff_out", "lm_head"),
-)
+# Dream's checkpoint names of our modules, LLaDA's being ours: a block's ({i}: its index), then the others
+DREAM_BLOCK = dict(attn_norm="input_layernorm", q_proj="self_attn.q_proj", k_proj="self_attn.k_proj",
+                   v_proj="self_attn.v_proj", attn_out="self_attn.o_proj", ff_norm="post_attention_layernorm",
+                   ff_proj="mlp.gate_proj", up_proj="mlp.up_proj", ff_out="mlp.down_proj")
+DREAM_MODULES = (*((f"model.transformer.blocks.{{i}}.{ours}", f"model.layers.{{i}}.{theirs}")
+                   for ours, theirs in DREAM_BLOCK.items()),
+                 ("model.transformer.wte", "model.embed_tokens"), ("model.transformer.ln_f", "model.norm"),
+                 ("model.transformer.ff_out", "lm_head"))
 
 
 @dataclass(frozen=True)
 class Family:
-    """What sets a model family apart, read once from config.json's model_type (LLaDAConfig.family): every other
-    place asks these fields, never the name."""
+    """What sets a model family apart (LLaDAConfig.family, from model_type): code asks these, never the name."""
     architecture: str  # as errors and the run's banner name it
     fields: dict  # config.json's names of our fields and their defaults, {} = ours (LLaDA's)
     modules: tuple  # checkpoint names of our modules, () = ours
     implied: dict  # fields its config.json does not say (Dream: q/k/v biases, embedding rows = vocab_size)
-    unsupported: dict  # its config.json fields this implementation does not compute, with the value it computes
+    unsupported: dict  # its config.json fields we do not compute, with the value we do: any other refused by name
     may_tie_head: bool  # the LM head may be the embedding matrix (weight_tying)
     predicts_shifted: bool  # the logits at position i - 1 predict token i (its generation code shifts them right)
     rope_in_float32: bool  # RoPE in float32 (LLaDA's rope_full_precision); else in the activations' dtype (Dream)
@@ -87,8 +76,8 @@ FAMILIES = {  # config.json's model_type -> the family (none: LLaDA, a config ma
     "llada": Family("LLaDA-8B", {}, (), {}, {}, may_tie_head=False, predicts_shifted=False, rope_in_float32=True,
                     pad_attends_nothing=False),
     "Dream": Family("Dream-v0", DREAM_FIELDS, DREAM_MODULES, dict(include_qkv_bias=True, embedding_size=None),
-                    DREAM_UNSUPPORTED, may_tie_head=True, predicts_shifted=True, rope_in_float32=False,
-                    pad_attends_nothing=True),
+                    dict(use_sliding_window=False, rope_scaling=None), may_tie_head=True, predicts_shifted=True,
+                    rope_in_float32=False, pad_attends_nothing=True),
 }
 
 TIED_HEAD = "model.transformer.ff_out.weight"  # with weight_tying, the embedding matrix: not stored a second time
@@ -102,82 +91,66 @@ def rename(name, pairs):
     return name
 
 
+POSITIVE = dict(range="[1, inf)", what="must be positive")  # a size (check_value's rule)
+FIXED = dict(fixed=True)  # a field this implementation cannot change: check() refuses any other value
+
+
 @dataclass
 class LLaDAConfig:
-    """The config of LLaDA and of Dream-v0 alike (config.json's model_type "Dream": FAMILIES' entry and DREAM_FIELDS
-    read Qwen's names into these fields); the name is LLaDA's, whose config.json this is field for field."""
-    # defaults are LLaDA-8B-Instruct's
-    d_model: int = 4096
-    n_heads: int = 32
-    n_kv_heads: int | None = 32
-    n_layers: int = 32
-    mlp_hidden_size: int | None = 12288  # when None: mlp_ratio * d_model
-    mlp_ratio: int = 4
-    vocab_size: int = 126464
-    embedding_size: int | None = 126464  # rows of wte and of the LM head (None: vocab_size)
-    rope_theta: float = 500000.0
-    rms_norm_eps: float = 1e-5
+    """The config of LLaDA, whose config.json this is field for field (defaults: LLaDA-8B-Instruct's), and of Dream-v0
+    (model_type "Dream": its names read through DREAM_FIELDS). A field's rule (check_value) is its metadata."""
+    d_model: int = field(default=4096, metadata=POSITIVE)
+    n_heads: int = field(default=32, metadata=POSITIVE)
+    n_kv_heads: int | None = field(default=32, metadata=POSITIVE)
+    n_layers: int = field(default=32, metadata=POSITIVE)
+    mlp_hidden_size: int | None = field(default=12288, metadata=POSITIVE)  # when None: mlp_ratio * d_model
+    mlp_ratio: int = field(default=4, metadata=POSITIVE)
+    vocab_size: int = field(default=126464, metadata=POSITIVE)
+    embedding_size: int | None = field(default=126464, metadata=POSITIVE)  # rows of wte and the LM head (None: vocab)
+    # the two real numbers the forward uses: a value that would make every loss NaN is refused here, by name
+    rope_theta: float = field(default=500000.0, metadata=dict(range="(1, inf)", what=(
+        "must be a finite number greater than 1 (RoPE's base: theta^(-2i/head_dim) falls with i; LLaDA-8B's 500000)")))
+    rms_norm_eps: float = field(default=1e-5, metadata=dict(range=f"[{torch.finfo(torch.float32).tiny}, inf)", what=(
+        "must be a finite positive number, at least 1.2e-38 (RMSNorm's epsilon, added in float32; LLaDA-8B's 1e-05)")))
     mask_token_id: int = 126336
     eos_token_id: int = 126081
     pad_token_id: int = 126081
-    max_sequence_length: int = 4096
-    # fields this implementation cannot change; anything else is refused by check() with the field named
-    activation_type: str = "silu"
-    block_type: str = "llama"
-    layer_norm_type: str = "rms"
-    weight_tying: bool = False
-    include_bias: bool = False
-    include_qkv_bias: bool = False
-    bias_for_layer_norm: bool = False
-    layer_norm_with_affine: bool = True
-    alibi: bool = False
-    rope: bool = True
-    scale_logits: bool = False
-    input_emb_norm: bool = False
-    attention_layer_norm: bool = False
-    block_group_size: int = 1
+    max_sequence_length: int = field(default=4096, metadata=POSITIVE)
+    activation_type: str = field(default="silu", metadata=FIXED)
+    block_type: str = field(default="llama", metadata=FIXED)
+    layer_norm_type: str = field(default="rms", metadata=FIXED)
+    weight_tying: bool = field(default=False, metadata=FIXED)
+    include_bias: bool = field(default=False, metadata=FIXED)
+    include_qkv_bias: bool = field(default=False, metadata=FIXED)
+    bias_for_layer_norm: bool = field(default=False, metadata=FIXED)
+    layer_norm_with_affine: bool = field(default=True, metadata=FIXED)
+    alibi: bool = field(default=False, metadata=FIXED)
+    rope: bool = field(default=True, metadata=FIXED)
+    scale_logits: bool = field(default=False, metadata=FIXED)
+    input_emb_norm: bool = field(default=False, metadata=FIXED)
+    attention_layer_norm: bool = field(default=False, metadata=FIXED)
+    block_group_size: int = field(default=1, metadata=FIXED)
     multi_query_attention: bool | None = None
-    attention_dropout: float = 0.0
-    residual_dropout: float = 0.0
-    embedding_dropout: float = 0.0
-    # config.json's model_type, a key of FAMILIES (None: LLaDA, a config made in code, written without the field)
-    model_type: str | None = None
-    # every other field of config.json (auto_map, init_fn, ...) is kept verbatim so a round trip loses nothing
-    extra: dict = field(default_factory=dict)
-
-    _REQUIRED = dict(activation_type="silu", block_type="llama", layer_norm_type="rms", weight_tying=False,
-                     include_bias=False, include_qkv_bias=False, bias_for_layer_norm=False,
-                     layer_norm_with_affine=True, alibi=False, rope=True, scale_logits=False,
-                     input_emb_norm=False, attention_layer_norm=False, block_group_size=1,
-                     attention_dropout=0.0, residual_dropout=0.0, embedding_dropout=0.0)
+    attention_dropout: float = field(default=0.0, metadata=FIXED)
+    residual_dropout: float = field(default=0.0, metadata=FIXED)
+    embedding_dropout: float = field(default=0.0, metadata=FIXED)
+    model_type: str | None = None  # a key of FAMILIES (None: LLaDA, a config made in code, written without it)
+    extra: dict = field(default_factory=dict)  # config.json's other fields, kept verbatim: a round trip loses nothing
+    source: dataclasses.InitVar[str] = "config"  # what errors name: config.json's path
 
     def __post_init__(self, source="config"):
-        """Check the types, fill the derived fields (None: computed from the others), then check the values."""
-        self.check_types(source)
+        """Each field's type and rule (check_fields; null only where allowed), the derived ones filled, then check()."""
+        def said(name):  # the field as config.json writes it
+            return f"{source}: field {self.json_name(name)!r} = {json.dumps(getattr(self, name), default=repr)}"
+
+        for f in dataclasses.fields(self):
+            if getattr(self, f.name) is None and type(None) not in getattr(f.type, "__args__", ()):
+                raise ValueError(f"{said(f.name)}: must not be null")
+        check_fields(self, said)
         self.n_kv_heads = self.n_kv_heads or self.n_heads
         self.mlp_hidden_size = self.mlp_hidden_size or self.mlp_ratio * self.d_model
         self.embedding_size = self.embedding_size or self.vocab_size
         self.check(source)
-
-    def check_types(self, source="config"):
-        """Each field against its annotation: ints are JSON integers (4096, not "4096" or 4096.5), floats any JSON
-        number, booleans true / false; null only where the annotation allows None. Sizes must be positive."""
-        for f in (f for f in dataclasses.fields(self) if f.name != "extra"):
-            value, types = getattr(self, f.name), getattr(f.type, "__args__", (f.type,))
-            ok = (value is None and type(None) in types
-                  or isinstance(value, bool) and bool in types
-                  or type(value) is int and (int in types or float in types)  # bool is an int: excluded here
-                  or type(value) is float and float in types
-                  or type(value) is str and str in types)
-            if not ok:
-                want = " or ".join({int: "an integer", float: "a number", bool: "true or false", str: "a string",
-                                    type(None): "null"}[t] for t in types)
-                raise ValueError(f"{source}: field {self.json_name(f.name)!r} = {json.dumps(value, default=repr)} "
-                                 f"must be {want} (e.g. {json.dumps(f.default)})")
-        for name in ("d_model", "n_heads", "n_kv_heads", "n_layers", "mlp_hidden_size", "mlp_ratio", "vocab_size",
-                     "embedding_size", "max_sequence_length"):
-            if getattr(self, name) is not None and getattr(self, name) <= 0:
-                raise ValueError(f"{source}: field {self.json_name(name)!r} = {getattr(self, name)} must be positive")
 
     def check(self, source="config"):
         if self.model_type not in (None, *FAMILIES):
@@ -185,23 +158,14 @@ class LLaDAConfig:
                              "implementation computes LLaDA, model_type \"llada\", and Dream-v0, \"Dream\")")
         family, n = self.family, self.json_name
         # Dream-v0 (Qwen2.5) computes LLaDA's fixed choices but two: biases on q, k, v, and a head tied or not
-        required = {k: v for k, v in self._REQUIRED.items() if not (k == "weight_tying" and family.may_tie_head)}
-        required |= {k: v for k, v in family.implied.items() if k in required}
+        required = {f.name: family.implied.get(f.name, f.default) for f in dataclasses.fields(self)
+                    if f.metadata.get("fixed") and not (f.name == "weight_tying" and family.may_tie_head)}
         fixed = ([(n(k), getattr(self, k), want) for k, want in required.items()]
                  + [(k, self.extra.get(k, want), want) for k, want in family.unsupported.items()])  # kept in extra
         for name, value, want in fixed:
             if value != want:
                 raise ValueError(f"{source}: field {name!r} = {value!r} is not supported (this implementation "
                                  f"computes the {family.architecture} architecture, {name} = {want!r})")
-        # the two real numbers the forward uses: a value that would make every loss NaN is refused here, by name
-        if not (math.isfinite(self.rope_theta) and self.rope_theta > 1):
-            raise ValueError(f"{source}: field {n('rope_theta')!r} = {self.rope_theta} must be a finite number greater "
-                             "than 1 (RoPE's base: the frequencies theta^(-2i/head_dim) fall with i; LLaDA-8B's is "
-                             "500000, Dream-v0's 1000000)")
-        if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps >= torch.finfo(torch.float32).tiny):
-            raise ValueError(f"{source}: field {n('rms_norm_eps')!r} = {self.rms_norm_eps} must be a finite positive "
-                             "number (RMSNorm's epsilon, added in float32, so at least 1.2e-38; LLaDA-8B's is 1e-05, "
-                             "Dream-v0's 1e-06)")
         if self.multi_query_attention and self.n_kv_heads != 1:
             raise ValueError(f"{source}: multi_query_attention is true but n_kv_heads = {self.n_kv_heads}")
         if self.d_model % self.n_heads or self.n_heads % self.n_kv_heads:
@@ -226,10 +190,6 @@ class LLaDAConfig:
     def predicts_shifted(self):  # Family.predicts_shifted (shift_right aligns such outputs)
         return self.family.predicts_shifted
 
-    @property
-    def rope_in_float32(self):  # Family.rope_in_float32 (apply_rope)
-        return self.family.rope_in_float32
-
     def json_name(self, name):
         """Our field `name` as this family's config.json spells it (Dream: DREAM_FIELDS)."""
         return self.family.fields.get(name, (name,))[0]
@@ -249,22 +209,14 @@ class LLaDAConfig:
 
     @classmethod
     def from_dict(cls, raw, source="config"):
-        """The config of config.json's fields `raw`: LLaDA's, or with model_type "Dream" Dream-v0's, read through
-        DREAM_FIELDS (a field left out takes DreamConfig's default, not LLaDA's). The others are kept in `extra`."""
+        """config.json's fields `raw`, Dream's read through DREAM_FIELDS (one left out: DreamConfig's default)."""
         family = FAMILIES.get(raw.get("model_type"), FAMILIES["llada"])  # an unknown model_type: refused by check()
         names = ({ours: theirs for ours, (theirs, _) in family.fields.items()} if family.fields else
-                 {f.name: f.name for f in dataclasses.fields(cls) if f.name != "extra"})
-        cfg = cls.__new__(cls)  # fill, then validate with the file named in any error
-        for f in dataclasses.fields(cls):
-            default = family.fields[f.name][1] if f.name in family.fields else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
-            setattr(cfg, f.name, raw[names[f.name]] if names.get(f.name) in raw else default)
-        for name, value in family.implied.items():  # what its config.json does not say
-            setattr(cfg, name, value)
-        cfg.model_type = raw.get("model_type")
-        cfg.extra = {k: v for k, v in raw.items() if k not in {*names.values(), "model_type"}}
-        cfg.__post_init__(source)  # what the constructor runs
-        return cfg
+                 {f.name: f.name for f in dataclasses.fields(cls) if f.name not in ("model_type", "extra")})
+        given = {ours: raw[theirs] for ours, theirs in names.items() if theirs in raw}
+        defaults = {ours: default for ours, (_, default) in family.fields.items()}
+        extra = {k: v for k, v in raw.items() if k not in {*names.values(), "model_type"}}
+        return cls(**defaults | given | family.implied, model_type=raw.get("model_type"), extra=extra, source=source)
 
     def to_dict(self):
         """config.json's fields, named as this family's config.json names them, `extra` included."""
@@ -298,8 +250,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(L, head_dim, theta, device, positions=None):
-    """RoPE over the whole head_dim, rotate-half layout, float32. Returns cos, sin of shape (L, head_dim) for positions
-    0 .. L - 1, or of shape (B, 1, L, head_dim) for `positions` (B, L), each row its own position ids."""
+    """RoPE's cos, sin over the whole head_dim (rotate-half layout) in float32: (L, head_dim) for positions 0 .. L - 1,
+    or (B, 1, L, head_dim) for `positions` (B, L)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
     if positions is None:
         angles = torch.outer(torch.arange(L, device=device, dtype=torch.float32), inv_freq)  # (L, head_dim/2)
@@ -324,7 +276,7 @@ class Block(nn.Module):
         super().__init__()
         D, hd = cfg.d_model, cfg.head_dim
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
-        self.rope_in_float32 = cfg.rope_in_float32
+        self.rope_in_float32 = cfg.family.rope_in_float32
         self.attn_norm = RMSNorm(D, cfg.rms_norm_eps)
         bias = cfg.include_qkv_bias  # Dream (Qwen2.5) has biases on q, k and v, LLaDA none
         self.q_proj = nn.Linear(D, cfg.n_heads * hd, bias=bias)
@@ -337,10 +289,9 @@ class Block(nn.Module):
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, D, bias=False)
 
     def forward(self, x, rope, key_mask, kv=None):
-        """x (B, S, D); rope (S, hd) or, one row per sequence, (B, 1, S, hd) complex, cos + i sin of these positions
-        (see LLaDA.forward for why complex); key_mask None or (B, 1, 1 or S, L) bool, True = may be attended to. kv:
-        None, or a sampler's key/value cache for this block (LLaDA.forward's `cache`), called as kv(q, k, v, key_mask)
-        -> the keys and values to attend to (B, Hkv, L, hd): this span's with the cached others."""
+        """x (B, S, D); rope (S, hd) or (B, 1, S, hd) complex, cos + i sin of these positions (LLaDA.forward says why
+        complex); key_mask None or (B, 1, 1 or S, L) bool, True = may be attended to. kv: None, or this block's
+        key/value cache (LLaDA.forward's `cache`): kv(q, k, v, key_mask) -> the keys and values to attend to."""
         B, L, D = x.shape
         cos, sin = rope.real, rope.imag  # (L, hd) or (B, 1, L, hd) float32
         n = self.attn_norm(x)
@@ -364,58 +315,28 @@ def unwrap(model):
 
 
 def shift_right(h):
-    """Dream's alignment of its outputs (B, L, ...): the one at i - 1 moved to position i, position 0 keeping its own
-    (the official `logits = torch.cat([logits[:, :1], logits[:, :-1]], 1)`), so position i predicts token i."""
+    """Dream's outputs (B, L, ...) aligned as its official code: i gets i - 1's (0 its own), so i predicts token i."""
     return torch.cat([h[:, :1], h[:, :-1]], dim=1)
 
 
 def padded_positions(attention_mask):
-    """Dream's RoPE positions for a left-padded batch, as its official generation computes them (tok_idx): a real
-    token's index among its row's real tokens, cumsum(mask) - 1, and 1 on the pads; None when nothing is padded
-    (positions 0 .. L - 1). attention_mask (B, L) or None -> (B, L) long or None."""
+    """Dream's RoPE positions (tok_idx) for a left-padded batch: cumsum(mask) - 1, and 1 on pads; None if unpadded."""
     if attention_mask is None or bool(attention_mask.all()):
         return None
     return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
 
 
 def predicting_hidden(model, input_ids, attention_mask=None):
-    """The final hidden states (B, L, D) that predict each token of input_ids, each at its token's position: one
-    forward (the wrapper is called, so that DDP / FSDP see it). A family that predicts shifted (Dream: the state at
-    i - 1 predicts token i, model.predicts_shifted) has them moved one position right (shift_right, as its official
-    generation moves its logits) and, for a left-padded batch, Dream's official positions (padded_positions); LLaDA
-    uses positions 0 .. L - 1, as its official code. What gift.py's Part I and sample.py's sampler take."""
+    """The final hidden states (B, L, D) predicting each token of input_ids at its position, from one call of the
+    wrapper (DDP / FSDP see it); Dream's moved right (shift_right), at padded_positions. Part I's and the sampler's."""
     shifted = getattr(unwrap(model), "predicts_shifted", False)
     kw = {"position_ids": padded_positions(attention_mask)} if shifted else {}  # (B, L) or None
     h = model(input_ids, attention_mask=attention_mask, return_hidden=True, **kw)  # (B, L, D)
     return shift_right(h) if shifted else h
 
 
-def check_prompt(prompt, attention_mask, generator, where, model=None, gen_length=0, gen_name="gen_length"):
-    """A sampler's tensors, before any forward pass (its options are SamplerOptions' check): a prompt of token ids
-    (B, P), an attention mask of its shape, one generator or one per row; with `model`, ids that are rows of its
-    embedding, and P + gen_length (the argument gen_name) within its context (a config may leave either out)."""
-    if prompt.dim() != 2:
-        raise ValueError(f"{where}: prompt must be (batch, prompt_len) token ids, got shape {tuple(prompt.shape)}; "
-                         f"use prompt[None] for a single prompt")
-    if attention_mask is not None and attention_mask.shape != prompt.shape:
-        raise ValueError(f"{where}: attention_mask {tuple(attention_mask.shape)} must have the prompt's shape "
-                         f"{tuple(prompt.shape)}")
-    if isinstance(generator, (list, tuple)) and len(generator) != len(prompt):
-        raise ValueError(f"{where}: {len(generator)} generators for {len(prompt)} rows")
-    config = getattr(unwrap(model), "config", None)
-    rows, context = getattr(config, "embedding_size", None), getattr(config, "max_sequence_length", None)
-    lo, hi = (int(prompt.min()), int(prompt.max())) if prompt.numel() else (0, 0)
-    if rows and not (0 <= lo and hi < rows):
-        raise ValueError(f"{where}: prompt holds the token id {lo if lo < 0 else hi}, outside the model's vocabulary "
-                         f"(ids 0 .. {rows - 1}: config embedding_size {rows})")
-    if context and prompt.shape[1] + gen_length > context:
-        raise ValueError(f"{where}: the prompt's {prompt.shape[1]} tokens + {gen_name}={gen_length} exceed the model's "
-                         f"context (config max_sequence_length {context})")
-
-
 class LLaDA(nn.Module):
-    """LLaDA, and Dream-v0 when config.model_type is "Dream" (the module docstring): one module tree in LLaDA's names;
-    the class is named for LLaDA, the paper's main model, and runs both families."""
+    """LLaDA, the paper's main model, and Dream-v0 when config.model_type is "Dream": one tree in LLaDA's names."""
 
     def __init__(self, config: LLaDAConfig):
         super().__init__()
@@ -442,8 +363,7 @@ class LLaDA(nn.Module):
         return self.config.predicts_shifted
 
     def tie_weights(self):
-        """With weight_tying (Dream's tie_word_embeddings) the head's weight IS the embedding matrix, as in Hugging
-        Face. Loading with assign=True and leaving the meta device give each name its own tensor: this ties them."""
+        """With weight_tying the head's weight IS the embedding matrix, as in HF (loads with assign=True untie it)."""
         if self.config.weight_tying:
             self.model.transformer.ff_out.weight = self.model.transformer.wte.weight
 
@@ -470,16 +390,11 @@ class LLaDA(nn.Module):
 
     def forward(self, input_ids, attention_mask=None, return_hidden=False, position_ids=None, cache=None):
         """input_ids (B, L); attention_mask (B, L), 1 = real token, 0 = padding (hidden from every query; for Dream a
-        padding query also sees no key, the query-and-key mask its official code builds from a 2-D mask, which
-        changes only the padding rows' own logits). position_ids (B, L), optional: each token's RoPE position
-        (default 0 .. L - 1 in every row, as both official models use when given none; Dream's generation passes
-        cumsum(attention_mask) - 1 for left-padded prompts). Returns logits (B, L, V), aligned as the official
-        model returns them (Dream's at position i - 1 predict token i: predicts_shifted), or with return_hidden the
-        final hidden states after ln_f (B, L, D).
-        cache (inference only): a sampler's key/value cache (cached_sample.KVCache), which keeps its own state, as
-        gpt-fast's KVCache and nanochat's engine keep theirs: input_ids are then positions cache.start .. cache.start
-        + L - 1 of a sequence of cache.length tokens (attention_mask and position_ids over the whole sequence), and
-        each block attends to what cache.layer(i) returns."""
+        padding query also sees no key, as its official code); position_ids (B, L), RoPE's (default 0 .. L - 1).
+        Returns logits (B, L, V) aligned as the official model's (predicts_shifted), or with return_hidden the states
+        after ln_f (B, L, D). cache (inference): a sampler's key/value cache (cached_sample.KVCache, as gpt-fast's):
+        input_ids are then positions cache.start .. cache.start + L - 1 of cache.length tokens (the mask and positions
+        cover all of them); block i attends through cache.layer(i)."""
         tr = self.model.transformer
         B, L = input_ids.shape
         x = tr.wte(input_ids)  # (B, L, D)
@@ -507,17 +422,13 @@ class LLaDA(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, dtype=None, device=None):
-        """Read config.json and model.safetensors or the shards of model.safetensors.index.json, LLaDA's or Dream's
-        (config.json's model_type; the keys renamed to ours by config.module_name). The module is built on the meta
-        device and filled shard by shard, so peak memory is about one copy of the weights. dtype None keeps the
-        stored dtype (bf16 for the real 8B checkpoint)."""
-        path = Path(path)
+        """A Hugging Face folder, LLaDA's or Dream's (config.json's model_type): built on the meta device and filled
+        shard by shard, so peak memory is about one copy of the weights. dtype None keeps the stored dtype."""
         config = read_config(path)  # checked against the weights' headers before anything is built
-        shards = weight_files(path)
         with torch.device("meta"):
             model = cls(config)
         device = str(torch.device(device)) if device is not None else "cpu"
-        for shard in shards:
+        for shard in weight_files(path):
             with open_weights(shard, device=device) as f:
                 part = {k: (f.get_tensor(k) if dtype is None else f.get_tensor(k).to(dtype)) for k in f.keys()}
             for k, t in part.items():  # after the cast, so an overflow to inf in a narrower dtype is caught too
@@ -528,11 +439,8 @@ class LLaDA(nn.Module):
         return model
 
     def save_pretrained(self, path, max_shard_bytes=5 * 10**9):
-        """config.json plus safetensors shards (at most max_shard_bytes each) with an index when there is more
-        than one, in the family's own names (Dream's config fields and keys), a tied head stored once, as the embedding
-        (as Hugging Face saves it). Each file is written whole (atomic_folder): a new folder appears complete, into an
-        existing one only these files are written, its other files (a tokenizer, a user's notes) left alone; the
-        weight files of an earlier save that this one does not replace (shards of another count, an index) deleted."""
+        """config.json and safetensors shards of at most max_shard_bytes (an index when more than one) in the family's
+        own names, a tied head stored once, as Hugging Face saves them; atomic_folder keeps a user's other files."""
         if any(isinstance(m, LoRALinear) for m in self.modules()):
             raise ValueError("the model has LoRA adapters: merge_lora(model) first, or save them with save_adapter")
         state = self.state_dict()
@@ -540,14 +448,11 @@ class LLaDA(nn.Module):
         config, dtypes = self.config, {v.dtype for v in state.values() if v.is_floating_point()}
         if len(dtypes) == 1:  # config.json's torch_dtype says what the files hold
             config = dataclasses.replace(config, extra={**config.extra, "torch_dtype": str(dtypes.pop())[6:]})
-        shards, current, size = [], {}, 0
+        shards, size = [{}], 0  # in order, a new one when the next tensor would pass max_shard_bytes
         for k, v in state.items():
-            nbytes = v.numel() * v.element_size()
-            if current and size + nbytes > max_shard_bytes:
-                shards.append(current)
-                current, size = {}, 0
-            current[k], size = v, size + nbytes
-        shards.append(current)
+            if shards[-1] and size + v.nbytes > max_shard_bytes:
+                shards, size = shards + [{}], 0
+            shards[-1][k], size = v, size + v.nbytes
         names = (["model.safetensors"] if len(shards) == 1 else
                  [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
         with atomic_folder(path, own=r"model(-\d{5}-of-\d{5})?\.safetensors(\.index\.json)?") as tmp:
@@ -555,12 +460,9 @@ class LLaDA(nn.Module):
             for name, shard in zip(names, shards):
                 save_file(shard, str(tmp / name), metadata={"format": "pt"})
             if len(shards) > 1:
-                index = {"metadata": {"total_size": sum(v.numel() * v.element_size() for v in state.values())},
+                index = {"metadata": {"total_size": sum(v.nbytes for v in state.values())},
                          "weight_map": {k: name for name, shard in zip(names, shards) for k in shard}}
                 (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-
-
-from_pretrained = LLaDA.from_pretrained  # a Hugging Face folder of either family: one class, built for its family
 
 
 def weight_files(path):
@@ -578,16 +480,14 @@ def weight_files(path):
         files = [path / "model.safetensors"]
     else:
         raise FileNotFoundError(f"{path}: neither model.safetensors nor model.safetensors.index.json")
-    for f in files:
-        if not f.exists():
-            raise FileNotFoundError(f"{f}: listed in {index.name} but missing")
+    if missing := [f for f in files if not f.exists()]:
+        raise FileNotFoundError(f"{missing[0]}: listed in {index.name} but missing")
     return files
 
 
 @contextlib.contextmanager
 def open_weights(file, device="cpu"):
-    """safe_open, which reads and checks the header at once: an empty, truncated or foreign file fails here with its
-    name, before any tensor is read."""
+    """safe_open, which checks the header at once: an empty, truncated or foreign file fails here, named."""
     try:
         f = safe_open(str(file), framework="pt", device=device)
     except SafetensorError as e:
@@ -603,13 +503,11 @@ def check_finite(t, key, file):
     if t.is_floating_point() and not all(bool(torch.isfinite(flat[i:i + n]).all()) for i in range(0, len(flat), n)):
         bad = int((~torch.isfinite(t)).sum())
         raise ValueError(f"{file}: tensor {key!r} holds {bad} NaN or infinite values (of {t.numel()} {t.dtype}): a "
-                         "diverged run saved it, or its values overflow this dtype; load an earlier checkpoint, or "
-                         "load it in a wider dtype")
+                         "diverged run saved it, or a cast overflowed; load an earlier checkpoint, or in a wider dtype")
 
 
 def checkpoint_keys(config, keys):
-    """{checkpoint key: our state-dict key} of the tensors a checkpoint holds: our names in the family's spelling
-    (config.checkpoint_name), a tied head left out (it is the embedding, stored once)."""
+    """{checkpoint key (config.checkpoint_name): our state-dict key} of a checkpoint's tensors, a tied head left out."""
     return {config.checkpoint_name(k): k for k in keys if not (config.weight_tying and k == TIED_HEAD)}
 
 
@@ -622,8 +520,10 @@ def weight_headers(path):
     return shards, found
 
 
-def compare_weights(path, expected, found, against="the config"):
-    """Refuse checkpoint keys and shapes `found` (weight_headers) that are not `expected` ({key: shape})."""
+def compare_weights(path, model, found, against="the config"):
+    """Refuse checkpoint keys and shapes `found` (weight_headers) other than `model`'s (a meta or FSDP2 one's too)."""
+    state = model.state_dict()
+    expected = {name: tuple(state[k].shape) for name, k in checkpoint_keys(model.config, state).items()}
     missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
     wrong = sorted(f"{k}: checkpoint {found[k][0]} ({found[k][1]}) vs model {expected[k]}"
                    for k in set(found) & set(expected) if found[k][0] != expected[k])
@@ -634,24 +534,9 @@ def compare_weights(path, expected, found, against="the config"):
                          + (f"\n  shape mismatches: {wrong}" if wrong else ""))
 
 
-def expected_tensors(config):
-    """{checkpoint key: shape} of the tensors a checkpoint of `config` holds, from the config alone (no module is
-    built): what LLaDA(config).state_dict() holds, in the family's names, a tied head left out."""
-    D, hd, M, E = config.d_model, config.head_dim, config.mlp_hidden_size, config.embedding_size
-    q, kv = config.n_heads * hd, config.n_kv_heads * hd
-    block = dict(attn_norm=(D,), q_proj=(q, D), k_proj=(kv, D), v_proj=(kv, D), attn_out=(D, D), ff_norm=(D,),
-                 ff_proj=(M, D), up_proj=(M, D), ff_out=(D, M))
-    block = {f"{name}.weight": shape for name, shape in block.items()} | (
-        {"q_proj.bias": (q,), "k_proj.bias": (kv,), "v_proj.bias": (kv,)} if config.include_qkv_bias else {})
-    shapes = {f"model.transformer.blocks.{i}.{k}": shape for i in range(config.n_layers) for k, shape in block.items()}
-    shapes |= {"model.transformer.wte.weight": (E, D), "model.transformer.ln_f.weight": (D,), TIED_HEAD: (E, D)}
-    return {name: shapes[k] for name, k in checkpoint_keys(config, shapes).items()}
-
-
 def read_config(folder):
-    """The LLaDAConfig of a model folder's config.json, checked against the headers of its safetensors
-    (check_config_against_weights): parsed and checked once per process while config.json and the weight files are
-    unchanged (each caller gets its own copy), though every command line asks for it several times before loading."""
+    """The LLaDAConfig of a model folder's config.json, checked against its weights (check_config_against_weights)
+    once per process while the files are unchanged (a command line asks several times); each caller gets a copy."""
     folder = Path(folder).resolve()
     files = sorted(f for pattern in ("config.json", "*.safetensors*") for f in folder.glob(pattern))
     return copy.deepcopy(_checked_config(folder, tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size)
@@ -666,9 +551,8 @@ def _checked_config(folder, stamp):
 
 
 def check_config_against_weights(folder, config):
-    """config.json (`config`, read from folder `folder`) against the headers of the folder's safetensors, before
-    anything is built: a config.json that does not describe its weights (n_layers 10^6 would build blocks for
-    minutes, d_model 10^9 exhaust the memory) fails at once, naming config.json and the field. Returns the files."""
+    """`config` (folder's config.json) against its safetensors' headers: one that does not describe its weights
+    (n_layers 10^6 would build for minutes) fails at once, naming config.json and the field. Returns the files."""
     folder = Path(folder)
     shards, found = weight_headers(folder)
     source, n, name = folder / "config.json", config.json_name, config.checkpoint_name
@@ -680,8 +564,7 @@ def check_config_against_weights(folder, config):
                          "another model?)")
 
     # the blocks' indices in the file: a count check first, so that a huge n_layers builds no list of names
-    probe = name("model.transformer.blocks.7.attn_norm.weight")  # the family's prefix of block 7's names
-    prefix = probe[:probe.index(".7.") + 1]
+    prefix = name("model.transformer.blocks.7.attn_norm.weight").partition(".7.")[0] + "."  # the family's "...blocks."
     keys = collections.Counter(int(m.group(1)) for m in map(re.compile(re.escape(prefix) + r"(\d+)\.").match, found)
                                if m)  # {block index: its tensors in the file}
     indices, whole = sorted(keys), 9 + 3 * config.include_qkv_bias  # a whole block's tensors
@@ -701,7 +584,8 @@ def check_config_against_weights(folder, config):
         refuse(["mlp_hidden_size"], fp, "(the MLP's width)")
     if kp in found and found[kp][0] != (config.n_kv_heads * config.head_dim, config.d_model):
         refuse(["n_kv_heads", "n_heads", "d_model"], kp, "(k_proj's rows: n_kv_heads x d_model / n_heads)")
-    compare_weights(folder, expected_tensors(config), found, against=source)  # every other name and shape
+    with torch.device("meta"):  # the blocks' count and the widths match the files: a quick build, nothing allocated
+        compare_weights(folder, LLaDA(config), found, against=source)  # every other name and shape
     return shards
 
 
@@ -714,148 +598,31 @@ def stored_dtype(path):
 
 @torch.no_grad()
 def load_weight_rows(model, path, rank, world):
-    """Fill a model sharded by FSDP2 (built on the meta device, fully_shard-ed, then to_empty) from the safetensors
-    of folder `path`: each rank reads only its own rows of each tensor, so no process ever holds the whole model.
-    FSDP2 shards dim 0 into `world` chunks of ceil(n / world) rows (torch.chunk), the last ones shorter or empty;
-    every local shard is cast to the parameter's dtype (float32 master weights from a bf16 checkpoint). A tied head
-    is the embedding's parameter, filled with it. Names and shapes are checked against `model` first."""
-    params, state = dict(model.named_parameters()), model.state_dict()
+    """Fill a model sharded by FSDP2 (built on meta, fully_shard-ed, to_empty) from folder `path`, each rank reading
+    its own rows (dim 0 in `world` chunks of ceil(n / world) rows, as torch.chunk), cast to the parameter's dtype."""
+    params = dict(model.named_parameters())
     shards, found = weight_headers(path)
-    compare_weights(path, {name: tuple(state[k].shape) for name, k in checkpoint_keys(model.config, state).items()},
-                    found)
+    compare_weights(path, model, found)
     for shard in shards:
         with open_weights(shard) as f:
             for key in f.keys():
                 param = params[model.config.module_name(key)]
                 local = param.to_local() if hasattr(param, "to_local") else param
-                rows = f.get_slice(key)
-                n = rows.get_shape()[0]
+                n = found[key][0][0]  # the tensor's rows
                 start = min(rank * math.ceil(n / world), n)
-                mine = rows[start:start + local.shape[0]]
+                mine = f.get_slice(key)[start:start + local.shape[0]]
                 check_finite(mine, key, shard)  # each rank checks the rows it reads
                 local.copy_(mine)
     return model
 
 
 # -----------------------------------------------------------------------------
-# One rule for an option's value, read from a dataclass field's metadata (SamplerOptions, TrainOptions, ...) or
-# from a dict per argument (a library call's), so that each range is written once, where the option is declared
-
-KINDS = {int: (numbers.Integral, "an integer"), float: (numbers.Real, "a number"), str: (str, "a string"),
-         bool: (bool, "true or false")}
-
-
-def in_interval(value, interval):
-    """Whether the number `value` lies in `interval`, written "[lo, hi)": brackets closed, parentheses open, inf
-    allowed (NaN lies in none)."""
-    lo, hi = (float(x) for x in interval[1:-1].split(","))
-    return ((lo <= value) if interval[0] == "[" else (lo < value)) and (
-        (value <= hi) if interval[-1] == "]" else (value < hi))
-
-
-def check_value(said, value, kind=None, range=None, choices=None, what=None, **_):
-    """`value` against one rule: `kind` (int: an integer, not a bool; float: any real number; str; bool), `range` an
-    interval of numbers ("[1, inf)": in_interval), `choices`; None (unset) passes. A one-line ValueError starting
-    with said (the option as its giver wrote it: "--steps 0", "steps=0"), then `what` it must be (else "must be in"
-    the interval). Other metadata (a flag's help) is ignored."""
-    if value is None:
-        return
-    if kind is not None and (not isinstance(value, KINDS[kind][0]) or isinstance(value, bool) != (kind is bool)):
-        raise ValueError(f"{said}: expected {KINDS[kind][1]}")
-    if choices is not None and value not in choices:
-        raise ValueError(f"{said}; expected one of {choices}")
-    if range is not None and not in_interval(value, range):
-        raise ValueError(f"{said}: {what or 'must be in ' + range}")
-
-
-def check_fields(obj, said):
-    """Every field of the dataclass `obj` against its metadata's rule (check_value), its kind from the annotation;
-    said(name) says the field as its giver wrote it."""
-    for f in dataclasses.fields(obj):
-        kind = next((t for t in getattr(f.type, "__args__", (f.type,)) if t in KINDS), None)
-        check_value(said(f.name), getattr(obj, f.name), **dict(kind=kind) | dict(f.metadata))
-
-
-# -----------------------------------------------------------------------------
-# Files: JSON read with a one-line error; atomic writes (a crash mid-write leaves the previous file or folder intact)
-
-
-def read_json(path, hint="", object_only=True):
-    """The JSON object (object_only; else any value) in the file `path`, or a one-line ValueError naming the file and
-    where it breaks (+ hint)."""
-    try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        where = f"line {e.lineno}, column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else e
-        raise ValueError(f"{path}: not valid JSON ({str(where).splitlines()[0][:200]}){hint}") from None
-    if object_only and not isinstance(value, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
-
-
-def read_json_file(path):
-    """A model folder's JSON file (model.read_json; its callers check its shape), its error saying how it breaks."""
-    return read_json(path, f". A truncated download leaves such a file: copy {path.name} from the model's Hugging "
-                           "Face folder again", object_only=False)
-
-
-def atomic_write_text(path, text):
-    """`text` (str, or bytes) into `path`, whole or not at all (written beside it into a new file of this call's, then
-    renamed: processes writing one file at once never mix, and no other file, a user's, is written or renamed); an
-    OSError names the path (ENOSPC names none)."""
-    path = Path(path)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
-    try:
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # FileExistsError rather than another's
-        (tmp.write_bytes if isinstance(text, bytes) else tmp.write_text)(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        if not isinstance(e, FileExistsError):  # ours to remove
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-        raise OSError(e.errno, f"cannot write {path} ({e.strerror or e})") from e
-
-
-@contextlib.contextmanager
-def atomic_folder(path, own=None):
-    """Yield a fresh temporary folder beside `path` to write files into. On success a new `path` is that folder renamed
-    (it appears whole or not at all); into an existing one its files move one by one, each replacing its namesake
-    whole (the JSON files last; a kill between two moves leaves some old), after the files whose names fullmatch the
-    regex `own` (the writer's own, of an earlier write) and that this write does not replace are deleted: every other
-    file is left alone, as Hugging Face's save_pretrained leaves it. On an exception the temporary folder is deleted
-    and `path` is untouched."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    umask = os.umask(0)
-    os.umask(umask)
-    for f in [tmp, *tmp.rglob("*")]:  # mkdtemp and safetensors make owner-only files; others on a cluster read them
-        os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~umask)
-    if not path.exists():  # a new folder: renamed whole
-        os.replace(tmp, path)
-        return
-    new = {f.name for f in tmp.iterdir()}
-    for f in path.iterdir():
-        if own and f.name not in new and re.fullmatch(own, f.name) and f.is_file():
-            f.unlink()
-    for f in sorted(tmp.iterdir(), key=lambda f: f.suffix == ".json"):  # config.json, an index: after the weights
-        os.replace(f, path / f.name)
-    tmp.rmdir()
-
-
-# -----------------------------------------------------------------------------
-# LoRA, by hand: y = W x + (B A dropout(x)) * alpha / r, with W frozen
+# LoRA, by hand: y = W x + (B A dropout(x)) * alpha / r, with W frozen (PEFT's adapter folders: adapters.py)
 
 
 class LoRALinear(nn.Module):
-    """Wraps a frozen linear layer. It keeps the base weight under the same name (`q_proj.weight`), so the base
-    checkpoint's keys are unchanged; lora_A (r, in) and lora_B (out, r) are float32 even when the base is bf16. B
-    starts at zero, so the wrapped layer starts exactly equal to the base. A base bias (Dream's q, k, v) is kept."""
+    """A frozen linear layer, its weight (and bias) under the same names, so the base checkpoint's keys are unchanged,
+    plus lora_A (r, in) and lora_B (out, r) in float32 even on a bf16 base; B starts at zero: exactly the base."""
 
     def __init__(self, base: nn.Linear, r, alpha, dropout, generator=None, use_rslora=False):
         super().__init__()
@@ -884,24 +651,21 @@ class LoRALinear(nn.Module):
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj")  # the paper's LoRA recipe (Appendix C), and its rank, alpha and dropout
 LORA = dict(r=128, alpha=256.0, dropout=0.05)
-# a block's linears and the LM head: LLaDA's names, then Dream's (Qwen's) where they differ
 LINEARS = ("q_proj", "k_proj", "v_proj", "attn_out", "ff_proj", "up_proj", "ff_out", "o_proj", "gate_proj",
-           "down_proj", "lm_head")
+           "down_proj", "lm_head")  # a block's linears and the LM head: LLaDA's names, then Dream's where they differ
 
 
 def lora_target_names(model, targets):
-    """The names of the linear layers an adapter goes on: those whose name, ours or its checkpoint's (Dream:
-    "model.layers.0.self_attn.o_proj"), is an entry of `targets` or ends in "." + one, as PEFT matches a list (so
-    "ff_out" is every block's MLP output AND the LM head). PEFT's other rules (a regex, layers_to_transform): adapters.py."""
-    return [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, LoRALinear))
-            and any(a in targets or any(a.endswith("." + t) for t in targets) for a in (n, model.config.checkpoint_name(n)))]
+    """The linears whose name, ours or the checkpoint's, is an entry of `targets` or ends in "." + one, as PEFT matches
+    a list ("ff_out": every block's MLP output AND the LM head; a regex, layers_to_transform: adapters.py)."""
+    return [n for n, m in model.named_modules() if isinstance(m, (nn.Linear, LoRALinear)) and any(
+        a in targets or any(a.endswith("." + t) for t in targets) for a in (n, model.config.checkpoint_name(n)))]
 
 
 def add_lora(model, r=LORA["r"], alpha=LORA["alpha"], dropout=LORA["dropout"], targets=LORA_TARGETS, generator=None,
              ranks=None, alphas=None, use_rslora=False):
-    """Replace the target linears (lora_target_names) by LoRALinear (A drawn from `generator`) and freeze everything
-    else. ranks / alphas: {module name: its own r / alpha} (PEFT's rank_pattern / alpha_pattern, adapters.py);
-    use_rslora: scale by alpha / sqrt(r), PEFT's rsLoRA."""
+    """Replace the target linears (lora_target_names) by LoRALinear (A drawn from `generator`), freezing the rest.
+    ranks / alphas: {module name: its own r / alpha}, PEFT's rank_pattern / alpha_pattern (adapters.py)."""
     for p in model.parameters():
         p.requires_grad_(False)
     names = lora_target_names(model, targets)
@@ -911,13 +675,11 @@ def add_lora(model, r=LORA["r"], alpha=LORA["alpha"], dropout=LORA["dropout"], t
         if model.config.weight_tying and name + ".weight" == TIED_HEAD:
             raise ValueError(f"LoRA targets {targets!r} reach the LM head, which is the embedding matrix "
                              "(tie_word_embeddings): its merged weight could not be saved tied; leave it out")
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        base = getattr(parent, child)
+        base = model.get_submodule(name)
         if not isinstance(base, nn.Linear):
             raise ValueError(f"LoRA target {name!r} already has an adapter or is not a linear layer")
-        setattr(parent, child, LoRALinear(base, (ranks or {}).get(name, r), (alphas or {}).get(name, alpha), dropout,
-                                          generator, use_rslora))
+        model.set_submodule(name, LoRALinear(base, (ranks or {}).get(name, r), (alphas or {}).get(name, alpha), dropout,
+                                             generator, use_rslora))
     model.lora_config = dict(r=r, alpha=alpha, dropout=dropout, targets=targets, use_rslora=use_rslora)
     return model
 
@@ -954,19 +716,15 @@ def merge_lora(model):
         merged.weight.copy_(merged_weight(m, m.weight, m.lora_A, m.lora_B))
         if m.bias is not None:
             merged.bias.copy_(m.bias)
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, merged)
+        model.set_submodule(name, merged)
     model.__dict__.pop("lora_config", None)
     return model
 
 
 @torch.no_grad()
 def merged_state_dict(model, state=None, base=None):
-    """The state dict of the base model with every adapter folded in, leaving `model` as it is (a merged export
-    in the middle of training): the base's own tensors, plus one new tensor per adapted linear. state: the model's
-    whole state dict to read instead of its own (a sharded model's, gathered: longjob.write_checkpoint). base: a
-    Hugging Face folder whose stored weights, read from disk in their own dtype, are the base instead of the model's
-    (a LoRA trained in bf16 on a float32 base: the merged weights not rounded to bf16)."""
+    """The base's state dict with every adapter folded in, `model` left as it is. state: the state dict to read instead
+    (a sharded model's, gathered); base: a folder whose stored weights are the base (a bf16 LoRA's merge unrounded)."""
     full = model.state_dict() if state is None else state
     merged = {k: v for k, v in full.items() if ".lora_" not in k}
     for shard in weight_files(base) if base else ():
@@ -978,14 +736,135 @@ def merged_state_dict(model, state=None, base=None):
     return merged
 
 
-# PEFT's adapter folders (adapter_config.json + adapter_model.safetensors), written and read: adapters.py
+# -----------------------------------------------------------------------------
+# Checks: a sampler's tensors; one rule for an option's value, read from a dataclass field's metadata (LLaDAConfig,
+# SamplerOptions, TrainOptions, ...) or from a dict per argument (a library call's), written where it is declared
+
+
+def check_prompt(prompt, attention_mask, generator, where, model=None, gen_length=0, gen_name="gen_length"):
+    """A sampler's tensors, before any forward pass: a prompt of token ids (B, P), an attention mask of its shape, one
+    generator or one per row; with `model`, ids within its embedding and P + gen_length (named gen_name) its context."""
+    if prompt.dim() != 2:
+        raise ValueError(f"{where}: prompt must be (batch, prompt_len) token ids, got shape {tuple(prompt.shape)}; "
+                         f"use prompt[None] for a single prompt")
+    if attention_mask is not None and attention_mask.shape != prompt.shape:
+        raise ValueError(f"{where}: attention_mask {tuple(attention_mask.shape)} must have the prompt's shape "
+                         f"{tuple(prompt.shape)}")
+    if isinstance(generator, (list, tuple)) and len(generator) != len(prompt):
+        raise ValueError(f"{where}: {len(generator)} generators for {len(prompt)} rows")
+    config = getattr(unwrap(model), "config", None)
+    rows, context = getattr(config, "embedding_size", None), getattr(config, "max_sequence_length", None)
+    lo, hi = (int(prompt.min()), int(prompt.max())) if prompt.numel() else (0, 0)
+    if rows and not (0 <= lo and hi < rows):
+        raise ValueError(f"{where}: prompt holds the token id {lo if lo < 0 else hi}, outside the model's vocabulary "
+                         f"(ids 0 .. {rows - 1}: config embedding_size {rows})")
+    if context and prompt.shape[1] + gen_length > context:
+        raise ValueError(f"{where}: the prompt's {prompt.shape[1]} tokens + {gen_name}={gen_length} exceed the model's "
+                         f"context (config max_sequence_length {context})")
+
+
+KINDS = {int: (numbers.Integral, "an integer"), float: (numbers.Real, "a number"), str: (str, "a string"),
+         bool: (bool, "true or false")}
+
+
+def in_interval(value, interval):
+    """Whether the number `value` lies in `interval`, written "[lo, hi)", "(1, inf)", ... (NaN lies in none)."""
+    lo, hi = (float(x) for x in interval[1:-1].split(","))
+    return ((lo <= value) if interval[0] == "[" else (lo < value)) and (
+        (value <= hi) if interval[-1] == "]" else (value < hi))
+
+
+def check_value(said, value, kind=None, range=None, choices=None, what=None, **_):
+    """`value` (None: unset, passes) against one rule, `kind` (int: not a bool; float: any real), `range` (in_interval),
+    `choices`, other metadata ignored; a one-line ValueError: said, the option as written ("--steps 0"), then `what`."""
+    if value is None:
+        return
+    if kind is not None and (not isinstance(value, KINDS[kind][0]) or isinstance(value, bool) != (kind is bool)):
+        raise ValueError(f"{said}: expected {KINDS[kind][1]}")
+    if choices is not None and value not in choices:
+        raise ValueError(f"{said}; expected one of {choices}")
+    if range is not None and not in_interval(value, range):
+        raise ValueError(f"{said}: {what or 'must be in ' + range}")
+
+
+def check_fields(obj, said):
+    """Each field of the dataclass `obj` against its metadata's rule, its kind from the annotation (check_value)."""
+    for f in dataclasses.fields(obj):
+        kind = next((t for t in getattr(f.type, "__args__", (f.type,)) if t in KINDS), None)
+        check_value(said(f.name), getattr(obj, f.name), **dict(kind=kind) | dict(f.metadata))
+
+
+# -----------------------------------------------------------------------------
+# Files: JSON read with one-line errors; atomic writes (a crash mid-write leaves the old file); generation defaults
+
+
+def read_json(path, hint="", object_only=True):
+    """The JSON object (not object_only: any value) in the file `path`, else one line saying where it breaks + hint."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        where = f"line {e.lineno}, column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else e
+        raise ValueError(f"{path}: not valid JSON ({str(where).splitlines()[0][:200]}){hint}") from None
+    if object_only and not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def read_json_file(path):
+    """A model folder's JSON file, any value (its callers check the shape), its error saying how it breaks."""
+    return read_json(path, f". A truncated download leaves such a file: copy {path.name} from the model's Hugging "
+                           "Face folder again", object_only=False)
+
+
+def atomic_write_text(path, text):
+    """`text` (str, or bytes) into `path`, whole or not at all: written into a new file of this call's beside it, then
+    renamed, so that writers of one file never mix and no other file is touched; an OSError names the path."""
+    path = Path(path)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}-{os.urandom(4).hex()}.tmp")
+    try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # FileExistsError rather than another's
+        (tmp.write_bytes if isinstance(text, bytes) else tmp.write_text)(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        if not isinstance(e, FileExistsError):  # ours to remove
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise OSError(e.errno, f"cannot write {path} ({e.strerror or e})") from e
+
+
+@contextlib.contextmanager
+def atomic_folder(path, own=None):
+    """Yield a fresh folder beside `path` to write into; on success renamed to a new `path`, or its files moved into the
+    old one, each replacing its namesake whole (JSON last), after those matching the regex `own` it does not replace
+    are deleted; other files are left alone, as by HF's save_pretrained."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    umask = os.umask(0)
+    os.umask(umask)
+    for f in [tmp, *tmp.rglob("*")]:  # mkdtemp and safetensors make owner-only files; others on a cluster read them
+        os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~umask)
+    if not path.exists():  # a new folder: renamed whole
+        os.replace(tmp, path)
+        return
+    new = {f.name for f in tmp.iterdir()}
+    for f in path.iterdir():
+        if own and f.name not in new and re.fullmatch(own, f.name) and f.is_file():
+            f.unlink()
+    for f in sorted(tmp.iterdir(), key=lambda f: f.suffix == ".json"):  # config.json, an index: after the weights
+        os.replace(f, path / f.name)
+    tmp.rmdir()
 
 
 GENERATION_DEFAULTS = "generation_defaults.json"  # a model folder's own sampling / evaluation settings (optional)
 
 
 def generation_defaults(folder):
-    """The model folder's generation_defaults.json (task, prompt_style, gen_length, block_length, steps, test_data),
-    which a gift.py run writes for the embedded task; {} when there is none."""
+    """The folder's generation_defaults.json (task, gen_length, ...: a gift.py run writes it for the embedded task)."""
     path = Path(folder) / GENERATION_DEFAULTS
     return read_json(path) if path.is_file() else {}

@@ -193,7 +193,7 @@ def block_saved(s, first=False):
     K = D (LLaDA-8B) their coefficient is folded into T D's."""
     a, T, D, K = s.a, s.batch * s.seq, s.cfg.d_model, kv_width(s.cfg)
     small = 4 * s.batch * s.cfg.n_heads * s.seq + 4 * T * (1 if (s.lora and first) else 2)  # log-sum-exp, rsqrt
-    if not s.cfg.rope_in_float32 and a == 2:  # Dream: cos and sin rounded to bf16 for q and for k, (L, hd) each
+    if not s.cfg.family.rope_in_float32 and a == 2:  # Dream: cos and sin rounded to bf16 for q and for k, (L, hd) each
         small += 4 * 2 * s.seq * s.cfg.head_dim
     if not s.lora:  # norm inputs (float32) + normalised (a) x 2, n, m, q, out; k, v; g, silu(g), u, p
         coefs = [8 + 6 * a, 2 * a, 4 * a, 0, small]

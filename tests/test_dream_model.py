@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 
 import model as M
 from adapters import add_peft_lora, peft_target_names, load_adapter, save_adapter
-from model import (LLaDA, LLaDAConfig, add_lora, from_pretrained, load_weight_rows, lora_target_names, merge_lora,
-                   merged_state_dict, stored_dtype)
+from model import (LLaDA, LLaDAConfig, add_lora, load_weight_rows, lora_target_names, merge_lora, merged_state_dict,
+                   stored_dtype)
 
 DREAM = GOLDEN / "dream"
 FOLDERS = dict(gqa=DREAM / "tiny_dream_gqa", tied=DREAM / "tiny_dream_tied")  # as the official save_pretrained wrote them
@@ -28,7 +28,7 @@ def golden():
 
 
 def dream(name):
-    return from_pretrained(FOLDERS[name]).eval()
+    return LLaDA.from_pretrained(FOLDERS[name]).eval()
 
 
 def folder_tensors(folder):
@@ -111,7 +111,7 @@ def test_cached_span_with_position_ids_equals_the_full_forward(golden):
 
 def test_the_shift_attribute():
     assert dream("gqa").predicts_shifted and dream("gqa").config.predicts_shifted
-    llada = from_pretrained(GOLDEN / "tiny_llada_mha")
+    llada = LLaDA.from_pretrained(GOLDEN / "tiny_llada_mha")
     assert not llada.predicts_shifted and type(llada) is LLaDA
     with torch.no_grad():  # the module-level loader is LLaDA.from_pretrained for LLaDA folders
         ids = torch.randint(0, 200, (2, 7), generator=torch.Generator().manual_seed(0))
@@ -173,11 +173,11 @@ def test_hugging_face_round_trip_in_dreams_format(tmp_path, name):
         assert saved.keys() == original.keys() and all(torch.equal(saved[k], original[k]) for k in saved)
         assert (json.loads((tmp_path / folder / "config.json").read_text())
                 == json.loads((FOLDERS[name] / "config.json").read_text()))
-        loaded = from_pretrained(tmp_path / folder)
+        loaded = LLaDA.from_pretrained(tmp_path / folder)
         assert loaded.state_dict().keys() == model.state_dict().keys()
         with torch.no_grad():
             assert torch.equal(loaded(ids), model(ids))
-    bf16 = from_pretrained(FOLDERS[name], dtype=torch.bfloat16)
+    bf16 = LLaDA.from_pretrained(FOLDERS[name], dtype=torch.bfloat16)
     bf16.save_pretrained(tmp_path / "bf16")
     assert stored_dtype(tmp_path / "bf16") == torch.bfloat16
     saved = json.loads((tmp_path / "bf16" / "config.json").read_text())
@@ -190,11 +190,11 @@ def test_bad_checkpoint_keys_are_named_as_in_the_file(tmp_path):
     key = "model.layers.1.mlp.up_proj.weight"
     save_file({k: v for k, v in state.items() if k != key}, str(tmp_path / "m" / "model.safetensors"))
     with pytest.raises(ValueError, match=f"missing keys: \\['{key}'\\]"):
-        from_pretrained(tmp_path / "m")
+        LLaDA.from_pretrained(tmp_path / "m")
     save_file({**state, "lm_head.weight": state["model.embed_tokens.weight"].clone()},
               str(tmp_path / "m" / "model.safetensors"))
     with pytest.raises(ValueError, match="unexpected keys: \\['lm_head.weight'\\]"):  # tied: the head is not stored
-        from_pretrained(tmp_path / "m")
+        LLaDA.from_pretrained(tmp_path / "m")
 
 
 def test_a_tied_head_is_one_parameter_through_moves_and_loads():
@@ -248,7 +248,7 @@ def _fsdp_rows_worker(rank, world, port):
     try:
         ids = torch.randint(0, 70, (2, 9), generator=torch.Generator().manual_seed(0))
         for folder in FOLDERS.values():
-            reference = from_pretrained(folder)
+            reference = LLaDA.from_pretrained(folder)
             with torch.device("meta"):
                 model = LLaDA(LLaDAConfig.from_json(folder / "config.json"))
             for block in model.model.transformer.blocks:  # as gift.py shards: one group per block, then the root
@@ -314,7 +314,7 @@ def test_lora_on_biased_projections_starts_at_the_base_and_merges_with_its_bias(
     export.save_pretrained(tmp_path / "merged")
     assert folder_tensors(tmp_path / "merged").keys() == folder_tensors(FOLDERS["gqa"]).keys()
     with torch.no_grad():
-        torch.testing.assert_close(from_pretrained(tmp_path / "merged")(ids), unmerged, atol=5e-5, rtol=0)
+        torch.testing.assert_close(LLaDA.from_pretrained(tmp_path / "merged")(ids), unmerged, atol=5e-5, rtol=0)
         torch.testing.assert_close(merge_lora(model)(ids), unmerged, atol=5e-5, rtol=0)
     assert model.model.transformer.blocks[0].q_proj.bias is not None
 

@@ -10,7 +10,7 @@ import torch
 import torch.distributions as dists
 from conftest import GOLDEN
 
-from model import from_pretrained
+from model import LLaDA
 from dream import diffusion_generate, dream_confidence, dream_num_transfer, sample_tokens, top_k_logits, top_p_logits
 
 pytestmark = pytest.mark.numerics  # float32 against goldens and other code paths (conftest.py)
@@ -23,7 +23,7 @@ MODELS = {}
 
 def dream(name):
     if name not in MODELS:
-        MODELS[name] = from_pretrained(DREAM / f"tiny_dream_{name}").eval()
+        MODELS[name] = LLaDA.from_pretrained(DREAM / f"tiny_dream_{name}").eval()
     return MODELS[name]
 
 
@@ -176,6 +176,6 @@ def test_refuses_bad_arguments():
         diffusion_generate(model, ids, max_new_tokens=4, steps=4, top_p=0.0)
     with pytest.raises(ValueError, match="one torch.Generator"):
         diffusion_generate(model, ids, max_new_tokens=4, steps=4, generator=[torch.Generator()])
-    llada = from_pretrained(GOLDEN / "tiny_llada_mha").eval()  # LLaDA's logits at i predict token i: refused
+    llada = LLaDA.from_pretrained(GOLDEN / "tiny_llada_mha").eval()  # LLaDA's logits at i predict token i: refused
     with pytest.raises(ValueError, match="not Dream"):
         diffusion_generate(llada, ids, max_new_tokens=4, steps=4)

@@ -20,7 +20,7 @@ from test_train import torchrun
 
 import gift
 from embedded import make_char_tokenizer, tiny_config_for
-from model import LLaDA, from_pretrained
+from model import LLaDA
 
 DREAM = GOLDEN / "dream"
 
@@ -60,7 +60,7 @@ def test_part_one_on_shifted_hidden_states_equals_dllms_dream_loss():
     mask and model call (the 2-D attention mask), equals Part I's diffusion_loss on the shifted hidden states given
     dllm's weights and denominator; and Part I's cart_weights are dllm's CART weights."""
     g = load_file(DREAM / "golden.safetensors")
-    model = from_pretrained(DREAM / "tiny_dream_gqa", dtype=torch.float32).eval()
+    model = LLaDA.from_pretrained(DREAM / "tiny_dream_gqa", dtype=torch.float32).eval()
     ids, noisy, answer = g["gqa.sft.input_ids"], g["gqa.sft.noised_input_ids"], g["gqa.sft.maskable"].bool()
     mask_id = model.config.mask_token_id
     assert torch.equal((noisy == mask_id) & answer, g["gqa.sft.masked"].bool())  # the same mask
@@ -84,7 +84,7 @@ def test_part_one_on_shifted_hidden_states_equals_dllms_dream_loss():
 def test_the_hidden_state_at_i_is_the_one_that_predicts_token_i():
     """gift.predicting_hidden: the head on it equals the official logits moved one right (Dream), and equals the
     plain logits for LLaDA; the first answer token is read from the last prompt position."""
-    dream = from_pretrained(DREAM / "tiny_dream_tied", dtype=torch.float32).eval()
+    dream = LLaDA.from_pretrained(DREAM / "tiny_dream_tied", dtype=torch.float32).eval()
     ids = load_file(DREAM / "golden.safetensors")["tied.plain.input_ids"]
     with torch.no_grad():
         torch.testing.assert_close(dream.head(gift.predicting_hidden(dream, ids)), shifted(dream(ids)),
@@ -100,7 +100,7 @@ def test_the_hidden_state_at_i_is_the_one_that_predicts_token_i():
 def test_dream_betas_come_from_the_shifted_logits():
     """Algorithm 1 on Dream: beta_i = sqrt(H) of the softmax that predicts token i, i.e. of the official logits at
     i - 1 on the fully masked answer; the unshifted entropies differ (dropping the shift fails this test)."""
-    model = from_pretrained(DREAM / "tiny_dream_gqa", dtype=torch.float32)
+    model = LLaDA.from_pretrained(DREAM / "tiny_dream_gqa", dtype=torch.float32)
     g = load_file(DREAM / "golden.safetensors")
     ids = g["gqa.plain.input_ids"]
     answer = torch.arange(ids.shape[1])[None] >= torch.tensor([[5], [7]])  # (B, L) prompts of 5 and 7 tokens
@@ -149,7 +149,7 @@ def test_dream_runs_resume_bit_for_bit_and_export_in_dreams_names(dream_base, tm
         assert "model.layers.0.self_attn.q_proj.bias" in a and "lm_head.weight" in a
         config = json.loads((latest(straight) / "model" / "config.json").read_text())
         assert config["model_type"] == "Dream" and "hidden_size" in config
-        assert from_pretrained(latest(straight) / "model").predicts_shifted
+        assert LLaDA.from_pretrained(latest(straight) / "model").predicts_shifted
 
 
 @pytest.mark.parametrize("mode", ["lora", "full"])

@@ -119,7 +119,7 @@ def test_activation_formula_is_what_autograd_saves(lora, dtype, checkpointing, f
                           sharding="fsdp2" if dtype == "bf16 params" else "none", checkpointing=checkpointing,
                           device="cpu", n_masked=0)
     predicted = memory_plan.saved_activations(s, cfg.n_layers)[1] + memory_plan.after_blocks(s)[1]
-    if checkpointing or cfg.rope_in_float32 or not bf16:  # else Dream's bf16 copies per block, in the formula
+    if checkpointing or cfg.family.rope_in_float32 or not bf16:  # else Dream's bf16 copies per block, in the formula
         predicted += 2 * L * cfg.head_dim * 4  # RoPE's cos and sin (float32), made once per forward
     if not lora:
         predicted += 8 * B * L  # the embedding's token ids (int64), kept for wte's gradient

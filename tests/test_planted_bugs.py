@@ -9,7 +9,7 @@ import torch
 from conftest import GOLDEN, assert_float32_close, model_depth
 from safetensors.torch import load_file
 
-from model import RMSNorm, from_pretrained
+from model import LLaDA, RMSNorm
 
 pytestmark = pytest.mark.numerics  # float32 against goldens (conftest.py)
 
@@ -18,9 +18,10 @@ def golden_case(family):
     """(model, input ids, the official code's logits) of a golden checkpoint (tests/golden/README.md)."""
     if family == "llada":
         g = load_file(GOLDEN / "golden_forward.safetensors")
-        return from_pretrained(GOLDEN / "tiny_llada_mha").eval(), g["mha.input_ids"], g["mha.logits"]
+        return LLaDA.from_pretrained(GOLDEN / "tiny_llada_mha").eval(), g["mha.input_ids"], g["mha.logits"]
     g = load_file(GOLDEN / "dream" / "golden.safetensors")
-    return from_pretrained(GOLDEN / "dream" / "tiny_dream_gqa").eval(), g["gqa.plain.input_ids"], g["gqa.plain.logits"]
+    dream = LLaDA.from_pretrained(GOLDEN / "dream" / "tiny_dream_gqa").eval()
+    return dream, g["gqa.plain.input_ids"], g["gqa.plain.logits"]
 
 
 def rope_theta_off(model):

@@ -5,7 +5,6 @@ As tests/test_inputs.py: one table, one test per row, (name, setup, exception ty
 tiny model folder or data file with one thing wrong and makes the call that must refuse it, within a second (at_once:
 a hang is cut off after 10 s and fails); every fragment (with {tmp} the test's folder) must be in the message."""
 
-import dataclasses
 import json
 import os
 import signal
@@ -121,21 +120,21 @@ CASES = [
     ("config_rope_theta_negative", lambda t: read_config(lying_folder(t, rope_theta=-10000.0)),
      ValueError, [CONFIG, "'rope_theta' = -10000.0"]),
     ("config_rope_theta_nan", lambda t: read_config(lying_folder(t, rope_theta=float("nan"))),
-     ValueError, [CONFIG, "'rope_theta' = nan", "finite"]),
+     ValueError, [CONFIG, "'rope_theta' = NaN", "finite"]),
     ("config_rope_theta_inf_from_pretrained", lambda t: load(lying_folder(t, rope_theta=float("inf"))),
-     ValueError, [CONFIG, "'rope_theta' = inf"]),
+     ValueError, [CONFIG, "'rope_theta' = Infinity"]),
     ("config_rms_norm_eps_negative", lambda t: read_config(lying_folder(t, rms_norm_eps=-1)),
      ValueError, [CONFIG, "'rms_norm_eps' = -1", "positive"]),
     ("config_rms_norm_eps_zero", lambda t: read_config(lying_folder(t, rms_norm_eps=0.0)),
      ValueError, [CONFIG, "'rms_norm_eps' = 0.0"]),
     ("config_rms_norm_eps_nan", lambda t: read_config(lying_folder(t, rms_norm_eps=float("nan"))),
-     ValueError, [CONFIG, "'rms_norm_eps' = nan"]),
+     ValueError, [CONFIG, "'rms_norm_eps' = NaN"]),
     ("config_rms_norm_eps_underflows_float32", lambda t: read_config(lying_folder(t, rms_norm_eps=1e-50)),
      ValueError, [CONFIG, "'rms_norm_eps' = 1e-50", "float32"]),
     ("dream_rope_theta_zero", lambda t: read_config(lying_folder(t, "dream", rope_theta=0)),
      ValueError, [CONFIG, "'rope_theta' = 0"]),
     ("dream_rms_norm_eps_inf_from_pretrained", lambda t: load(lying_folder(t, "dream", rms_norm_eps=float("inf"))),
-     ValueError, [CONFIG, "'rms_norm_eps' = inf"]),
+     ValueError, [CONFIG, "'rms_norm_eps' = Infinity"]),
     # 10. data files that are not UTF-8 JSONL with LF lines, or not files at all
     ("data_utf16_without_bom", lambda t: read_data(data_file(t, (GOOD + "\n" + GOOD + "\n").encode("utf-16-le"))),
      ValueError, ["{tmp}/data.jsonl", "not UTF-8", "looks like UTF-16 (every other byte is 0)", "iconv -f UTF-16LE"]),
@@ -227,20 +226,6 @@ def test_the_char_bound_never_drops_a_row_that_fits():
     assert data.max_token_chars(tokenizer) == max(map(len, tokenizer.get_vocab())) == len(data.START_HEADER)
     text = data.START_HEADER * 10  # 10 tokens of the longest length: exactly max_len x max_token_chars characters
     assert len(data.encode(tokenizer, text)) == 10 and len(text) == 10 * data.max_token_chars(tokenizer)
-
-
-@pytest.mark.parametrize("family, changes", [
-    ("llada", {}), ("llada", dict(n_kv_heads=1)), ("dream", {}), ("dream", dict(weight_tying=True, n_kv_heads=1))])
-def test_expected_tensors_are_the_model_state_dict(family, changes):
-    """expected_tensors (from the config alone) names and shapes exactly what the built model holds, in the
-    checkpoint's names (a tied head left out), and a clean folder passes the check."""
-    tokenizer = embedded.make_char_tokenizer(family=family)
-    config = dataclasses.replace(embedded.tiny_config_for(tokenizer, **SIZES), **changes)
-    with torch.device("meta"):
-        model = LLaDA(config)
-    state = model.state_dict()
-    built = {name: tuple(state[k].shape) for name, k in model_py.checkpoint_keys(config, state).items()}
-    assert model_py.expected_tensors(config) == built
 
 
 @pytest.mark.parametrize("family", ["llada", "dream"])

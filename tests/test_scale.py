@@ -13,7 +13,7 @@ from conftest import REPO
 
 from data import (DREAM_MASK, DREAM_SPECIAL_TOKENS, EOS, IM_END, IM_START, MASK, SPECIAL_TOKENS, encode,
                   load_tokenizer, special_ids)
-from model import LLaDAConfig, from_pretrained
+from model import LLaDA, LLaDAConfig
 
 STEPS = ("a. gift.py LoRA GIFT", "b. gift.py full FSDP2 x2", "c. eval.py gsm8k --limit 2", "d. sample.py bf16")
 
@@ -94,5 +94,5 @@ def test_dream_folder_is_in_dreams_names(tmp_path):
                                              raw["num_key_value_heads"], raw["vocab_size"]) == (64, 4, 2, 1024)
     keys = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
     assert "model.layers.1.self_attn.k_proj.bias" in keys and "lm_head.weight" in keys and n_shards >= 2
-    model = from_pretrained(tmp_path)
+    model = LLaDA.from_pretrained(tmp_path)
     assert model.predicts_shifted and sum(p.numel() for p in model.parameters()) == n_params
