@@ -1,5 +1,5 @@
-"""Data for GIFT fine-tuning of LLaDA: tokenizer, chat format, JSONL readers. Batching and sharding are gift.py's (its
-loop's "Batch assembly"); the built-in 4x4 Sudoku task (the embedded default's data) is embedded.py's.
+"""Data for GIFT fine-tuning of LLaDA: tokenizer, chat format, JSONL readers. Batching and sharding are its section
+"Batches"; the built-in 4x4 Sudoku task (the embedded default's data) is embedded.py's.
 
 A training example is `(ids, prompt_len)`: the token ids of prompt + answer + <|eot_id|>, and the number of prompt
 tokens. Positions >= prompt_len are the answer; batches are right-padded with <|endoftext|>, and the pads count as
@@ -566,6 +566,103 @@ def data_fingerprint(examples):
         h.update(array.array("q", (len(ids), prompt_len)).tobytes())
         h.update(ids.numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+# -----------------------------------------------------------------------------
+# Batches: each epoch's order and steps, each step split over ranks and micro-batches, each example's noise
+
+
+def mixed_seed(seed, n):
+    """longjob.mixed_seed, copied so that data.py imports no machinery (a test pins the two equal): the generator seed
+    of draw stream `n` (an epoch's order and noise) under a user's `seed`."""
+    return seed * 1_000_003 + n
+
+
+def collate(examples, pad_id, pad_to=None):
+    """[(ids, prompt_len)] -> input_ids (B, L) long, answer_mask (B, L) bool (the positions >= prompt_len), right-padded
+    with pad_id to the longest example, or to pad_to (d1 / wd1 pad every example to 4096, which changes what GIFT's
+    beta_ref averages over)."""
+    if not examples:
+        raise ValueError("collate got no examples (an empty micro-batch needs a zero-weight dummy row instead)")
+    longest = max(len(ids) for ids, _ in examples)
+    L = longest if pad_to is None else pad_to
+    if longest > L:
+        raise ValueError(f"an example has {longest} tokens, more than pad_to={pad_to}")
+    input_ids = torch.full((len(examples), L), pad_id, dtype=torch.long)  # (B, L)
+    for i, (ids, _) in enumerate(examples):
+        input_ids[i, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+    prompt_lengths = torch.tensor([prompt_len for _, prompt_len in examples], dtype=torch.long)  # (B,)
+    return input_ids, torch.arange(L)[None] >= prompt_lengths[:, None]
+
+
+def epoch_order(n, epoch, seed):
+    """A fresh permutation of range(n) for each epoch, the same on every rank (every rank holds the dataset)."""
+    generator = torch.Generator().manual_seed(mixed_seed(seed, epoch))
+    return torch.randperm(n, generator=generator).tolist()
+
+
+def step_batches(order, global_batch):
+    """The epoch's optimizer steps: consecutive chunks of global_batch indices; the last may be short."""
+    return [order[i:i + global_batch] for i in range(0, len(order), global_batch)]
+
+
+def split_even(items, k):
+    """k consecutive parts whose sizes differ by at most one, the larger first (like numpy.array_split)."""
+    size, extra = divmod(len(items), k)
+    bounds = [i * size + min(i, extra) for i in range(k + 1)]
+    return [items[bounds[i]:bounds[i + 1]] for i in range(k)]
+
+
+def rank_micro_batches(step_indices, rank, world_size, micro_batch, accum):
+    """This rank's share of one optimizer step, as exactly `accum` micro-batches (lists of example indices): the step
+    is split into `accum` consecutive global micro-batches, global micro-batch j into `world_size` consecutive parts,
+    part r going to rank r, so that the union over ranks is the single-process micro-batch j. The short last step of
+    an epoch is spread evenly: a micro-batch may be EMPTY (step_micro_batches makes it a zero-weight dummy row, which
+    keeps the DDP / FSDP2 collectives of every rank in step)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    if len(step_indices) > world_size * micro_batch * accum:
+        raise ValueError(f"a step of {len(step_indices)} examples does not fit world_size {world_size} x "
+                         f"micro_batch {micro_batch} x accum {accum}")
+    return [split_even(chunk, world_size)[rank] for chunk in split_even(list(step_indices), accum)]
+
+
+@functools.lru_cache(maxsize=1)
+def epoch_batches(n_examples, epoch, seed, global_batch):
+    """Epoch `epoch`'s optimizer steps (epoch_order cut by step_batches), cached while the epoch runs."""
+    return step_batches(epoch_order(n_examples, epoch, seed), global_batch)
+
+
+def example_generator(seed, epoch, index, device):
+    """Example `index`'s noise in `epoch` (its t and its mask), from its own seed: the same for any batch layout."""
+    return torch.Generator(device=device).manual_seed(mixed_seed(seed, epoch) * 10_000_019 + index)
+
+
+@dataclass
+class Split:
+    """How a global batch is split: over `world` ranks (this one `rank`), `accum` micro-batches of `micro_batch`."""
+    rank: int
+    world: int
+    micro_batch: int
+    accum: int
+
+
+def step_micro_batches(examples, step_indices, epoch, split, pad_id, device, seed, pad_to=0):
+    """This rank's `split.accum` micro-batches of one optimizer step on `device`, each a dict of gift.MicroBatch's
+    fields: input_ids and answer_mask (B, L), generators (example_generator's, one per row), real, indices. Micro-batch
+    j is padded to its longest example over ALL ranks (pads are trained on: N ranks must pad as one process does), or
+    to pad_to > 0. An empty micro-batch becomes a zero-weight dummy row (real=False)."""
+    everyone = [rank_micro_batches(step_indices, r, split.world, split.micro_batch, split.accum)
+                for r in range(split.world)]
+    batches = []
+    for j, indices in enumerate(everyone[split.rank]):
+        rows = indices or [step_indices[0]]
+        L = pad_to or max(len(examples[i][0]) for i in rows + [i for part in everyone for i in part[j]])
+        input_ids, answer_mask = collate([examples[i] for i in rows], pad_id, pad_to=L)
+        batches.append(dict(input_ids=input_ids.to(device), answer_mask=answer_mask.to(device),
+                            generators=[example_generator(seed, epoch, i, device) for i in rows], real=bool(indices),
+                            indices=rows))
+    return batches
 
 
 # -----------------------------------------------------------------------------

@@ -3,27 +3,14 @@
     torchrun --nproc_per_node 8 gift.py --model LLaDA-8B-Instruct --data s1k.jsonl --lora   # the paper's recipes
     python gift.py                 # the embedded default: a tiny LLaDA learns 4x4 Sudoku on the CPU, then is evaluated
 
-The file reads in two parts:
-  Part I    GIFT, the paper: masking probabilities and weights (Theorem 1), the entropy pass (Algorithm 1), the
-            objectives, the weighted loss (Algorithm 2). Tensors in, tensors out; only math and torch: copy it next to any
-            LLaDA (ours, or the official Hugging Face one: `output_hidden_states=True` and its `ff_out` head).
-  Part II   Training: GIFT's whole step once, plainly (`gift_loss`); the options (`python gift.py --help`), the model
-            on its devices, GIFT's passes besides the loss (the entropy pass on the model, GIFT*'s frozen betas, betas
-            reused for K epochs), one optimizer step (`train_step`), the loop (`train`), then `main()`. The loop's
-            bookkeeping is calls into longjob.py, as torchtitan's trainer calls its checkpointer.
-The long-job machinery (run folders, checkpoints, resume checks, preemption, status.json, locks, fingerprints, the
-metrics log) is longjob.py's; the embedded default's task (its puzzles, tiny model, settings, evaluation) embedded.py's.
-Imports, bottom to top: model.py; adapters.py, dream.py, data.py; longjob.py; sample.py, cached_sample.py, eval.py;
-embedded.py; gift.py (and harness.py, which no file imports).
-
 Every objective in the paper is ONE estimator of the weighted loss of Theorem 1 (eq. 10):
 
     L = sum_i E[ 1[x_t^i = M] * w_i * -log p(x0^i | x_t) ]
 
-pick a masking probability p_i for every answer token, mask each answer token independently with probability
-p_i (the prompt never), run the model once on the noisy sequence, and sum the cross-entropy at the masked
-answer positions times a per-token weight w_i. The objectives differ only in how p_i and w_i are chosen
-(p = (1 - eps) t + eps, t ~ U(0, 1) per row; r_i = beta_i / beta_ref; H_i the entropy of Algorithm 1):
+pick a masking probability p_i for every answer token, mask each one independently with probability p_i (the prompt
+never), run the model once on the noisy sequence, and sum the cross-entropy at the masked answer positions times a
+per-token weight w_i. The objectives differ only in p_i and w_i (p = (1 - eps) t + eps, t ~ U(0, 1) per row;
+r_i = beta_i / beta_ref; H_i the entropy of Algorithm 1):
 
     name       p_i                                      w_i at masked answer tokens    norm    source
     sft        p                                        1 / p                          answer  eq. (1), LLaDA
@@ -34,19 +21,18 @@ answer positions times a per-token weight w_i. The objectives differ only in how
     cart       p                                        w_cart_i / p                   answer  ablation, eq. (16)
     gift-star  t_i with the INITIAL model's betas       1 / t_i                        masked  Appendix "GIFT*"
 
-The paper's estimator is not the ELBO. Appendix A changes variables from t to t_i and ends with
-sum_i integral dt_i E[1[masked] / t_i * -log p]: an integral over each token's OWN time t_i. Algorithm 2 samples
-one t ~ U(0, 1) and weights by 1 / t_i, i.e. it integrates over t and drops the Jacobian
-dt_i/dt = r_i (1 - t)^(r_i - 1). With the Jacobian (`gift-elbo`) the objective is the exact negative ELBO of the
-forward process with per-token rates beta_i: for an exact denoiser it equals -log p(x0) for ANY betas, as SFT does.
-Without it (`gift`, what the paper ran) it is a reweighting that is neither -log p(x0) nor a bound on it
-(tests/test_losses.py pins both facts down by exact enumeration).
+The paper's estimator is not the ELBO. Appendix A changes variables from t to t_i and ends with sum_i integral dt_i
+E[1[masked] / t_i * -log p], an integral over each token's OWN time t_i; Algorithm 2 samples one t ~ U(0, 1) and
+weights by 1 / t_i, i.e. it integrates over t and drops the Jacobian dt_i/dt = r_i (1 - t)^(r_i - 1). With the
+Jacobian (`gift-elbo`) the objective is the exact negative ELBO of the forward process with per-token rates beta_i:
+for an exact denoiser it equals -log p(x0) for ANY betas, as SFT does. Without it (`gift`, what the paper ran) it is a
+reweighting that is neither -log p(x0) nor a bound on it (tests/test_losses.py pins both down by exact enumeration).
 """
 
 # =====================================================================================================================
-# Part I. GIFT, the paper (arXiv 2509.20863, section 3 and Algorithms 1-2). Only math and torch: this part is the one
-# to read first and to copy. It never calls a model: the caller runs the model and passes its final hidden states
-# (B, L, D) and its LM head, or the logits themselves (head=None), and the mask token's id.
+# Part I. GIFT, the paper (arXiv 2509.20863, section 3 and Algorithms 1-2), to read first and to copy next to any
+# LLaDA. It never calls a model: the caller passes the final hidden states (B, L, D) and the LM head (the official
+# Hugging Face LLaDA's: `output_hidden_states=True`, its `ff_out`), or the logits (head=None), and mask_id.
 # =====================================================================================================================
 
 import torch
@@ -62,10 +48,8 @@ CE_CHUNK = 256
 
 
 def uniforms(shape, generator, device, dtype=None):
-    """U(0, 1) draws of `shape` (B, ...), in `dtype` (None: torch's default, float32), from one explicit generator
-    (None: torch's global one), or from a list of B generators, one per row. Per-row generators (seeded per example
-    by the training loop) make a row's noise independent of how the batch is split across ranks and micro-batches:
-    N processes then draw what one draws."""
+    """U(0, 1) draws of `shape` (B, ...) in `dtype` (None: float32) from one generator (None: torch's global one), or
+    from B generators, one per row (one per example: N processes then draw what one draws, for any batch split)."""
     if generator is None or isinstance(generator, torch.Generator):
         where = device if generator is None else generator.device
         return torch.rand(shape, dtype=dtype, device=where, generator=generator).to(device)
@@ -82,16 +66,14 @@ def p_of_t(t, eps=EPS):
 
 
 def sft_mask_probs(t, answer_mask, eps=EPS):
-    """LLaDA's SFT (eq. 1): every answer token is masked with p = p_of_t(t).
-    t (B,), answer_mask (B, L) bool -> (B, L), 0 on the prompt."""
+    """LLaDA's SFT (eq. 1): every answer token is masked with p = p_of_t(t). t (B,), answer_mask (B, L) -> (B, L)."""
     p = p_of_t(t, eps)[:, None]  # (B, 1)
     return torch.where(answer_mask, p, 0.0)
 
 
 def beta_ratios(beta, answer_mask):
-    """r_i = beta_i / beta_ref, beta_ref = the mean of beta over the row's answer tokens (Algorithm 2,
-    "beta_ref <- sum_i beta_i M_i / sum_i M_i"). A row whose beta_ref is 0 (all entropies zero) gets r = 1,
-    i.e. SFT. (B, L), 0 off the answer."""
+    """r_i = beta_i / beta_ref, beta_ref = the mean of beta over the row's answer tokens (Algorithm 2, "beta_ref <-
+    sum_i beta_i M_i / sum_i M_i"). A row whose beta_ref is 0 (all entropies zero) gets r = 1, i.e. SFT. (B, L)."""
     am = answer_mask.to(beta.dtype)
     beta_ref = (beta * am).sum(1, keepdim=True) / am.sum(1, keepdim=True).clamp_min(1)  # (B, 1)
     ok = beta_ref > 0
@@ -103,9 +85,8 @@ def gift_mask_probs(t, beta, answer_mask, eps=EPS):
     """Theorem 1: with the rate matrix Q of eq. (9) (token i jumps to [M] at rate beta_i) and the schedule
     fbar(t) = -log(1 - t) / beta_ref, token i is masked at time t with probability
         t_i = 1 - exp(-beta_i fbar(t)) = 1 - (1 - t)^(beta_i / beta_ref)     (Algorithm 2, "t_i <- ...")
-    after t is mapped to p = p_of_t(t) as in SFT. Computed as -expm1(r log1p(-p)) (no cancellation for
-    small t) and clamped to [eps, 1] so that a token with beta ~ 0 cannot produce a 1/t_i blow-up.
-    t (B,), beta (B, L), answer_mask (B, L) bool -> (B, L), 0 on the prompt."""
+    after t is mapped to p = p_of_t(t) as in SFT. Computed as -expm1(r log1p(-p)) (no cancellation for small t) and
+    clamped to [eps, 1] so that a token with beta ~ 0 cannot produce a 1/t_i blow-up. t (B,), beta (B, L) -> (B, L)."""
     p = p_of_t(t, eps)  # (B,)
     r = beta_ratios(beta, answer_mask)  # (B, L)
     t_i = (-torch.expm1(r * torch.log1p(-p)[:, None])).clamp(eps, 1)
@@ -113,9 +94,8 @@ def gift_mask_probs(t, beta, answer_mask, eps=EPS):
 
 
 def mask_tokens(input_ids, p_mask, u, mask_id):
-    """Algorithm 2, "M'^i ~ Bernoulli(t_i); I' <- (1 - M') I + M' m": token i is masked where its uniform u_i < p_i.
-    p_mask is 0 on the prompt (u < 0 never holds), so the prompt stays clean. Same draws as LLaDA's recipe: one
-    uniform per position. input_ids, p_mask, u (B, L) -> noisy_ids (B, L)."""
+    """Algorithm 2, "M'^i ~ Bernoulli(t_i); I' <- (1 - M') I + M' m": token i is masked where its uniform u_i < p_i
+    (one uniform per position, as LLaDA's recipe; p_mask is 0 on the prompt, which stays clean). (B, L) -> (B, L)."""
     return torch.where(u < p_mask, mask_id, input_ids)
 
 
@@ -129,13 +109,8 @@ def importance_weights(p_mask, answer_mask):
 
 
 def gift_elbo_jacobian(t, beta, answer_mask, eps=EPS):
-    """dt_i/dp = r_i (1 - p)^(r_i - 1), the Jacobian of Appendix A's change of variables t -> t_i.
-
-    Appendix A's final loss integrates over t_i; Algorithm 2 samples t uniformly, so an unbiased estimate of the
-    appendix's integral needs this factor. `gift` omits it (faithful to Algorithm 2, what the paper evaluated);
-    `gift-elbo` multiplies it in, which makes sum_i E_t[1[masked_i] r_i (1-t)^(r_i-1) / t_i * -log p] the exact
-    negative ELBO of the forward process with per-token rates beta_i (integrable: r_i - 1 > -1). Where t_i hits
-    the eps clamp the factor is that of the unclamped t_i (a negligible O(eps) difference). (B, L), 0 off the answer."""
+    """dt_i/dp = r_i (1 - p)^(r_i - 1), the Jacobian of Appendix A's change of variables t -> t_i, which `gift-elbo`
+    multiplies in (the top of this file says why); where t_i hits the eps clamp, the unclamped t_i's. (B, L)."""
     p = p_of_t(t, eps)  # (B,)
     r = beta_ratios(beta, answer_mask)  # (B, L)
     jac = r * torch.exp((r - 1) * torch.log1p(-p)[:, None])
@@ -144,10 +119,8 @@ def gift_elbo_jacobian(t, beta, answer_mask, eps=EPS):
 
 def cart_weights(unmasked, p=CART_P):
     """Dream's context-adaptive reweighting, CART (ablation, eq. 16): w_i = 1/2 sum_j 1[x_t^j != M] Geo(p, |i - j| - 1),
-    Geo(p, k) = p (1 - p)^k. A masked token next to many clean tokens is easier and gets a larger weight.
-    Clean j includes the prompt. unmasked (B, L) bool -> (B, L)."""
-    L = unmasked.shape[1]
-    pos = torch.arange(L, device=unmasked.device)
+    Geo(p, k) = p (1 - p)^k: a masked token next to many clean ones (the prompt included) is easier, weighs more."""
+    pos = torch.arange(unmasked.shape[1], device=unmasked.device)
     d = (pos[:, None] - pos[None, :]).abs().float()  # (L, L) distance |i - j|
     geo = torch.where(d > 0, p * (1 - p) ** (d - 1).clamp_min(0), 0.0)  # (L, L), symmetric, 0 on the diagonal
     return 0.5 * unmasked.float() @ geo
@@ -171,10 +144,8 @@ def head_logits(head, h):
 @torch.no_grad()
 def answer_entropy_and_nll(hidden, head, input_ids, answer_mask, chunk_size=CE_CHUNK):
     """Algorithm 1's entropy H_i = -sum_j softmax(z_ij) log_softmax(z_ij) and the NLL -log softmax(z_i)[x0^i] (the
-    "nll" ablation's beta, eq. 13) at every answer position. hidden (B, L, D): the model's final hidden states on
-    mask_answer(input_ids, ...) (run it in eval mode: no dropout), head: (c, D) -> (c, V) (None: hidden holds the
-    logits). Logits exist for one chunk of answer positions at a time. Returns H, nll (B, L) float32, 0 off the
-    answer."""
+    "nll" ablation's beta, eq. 13) at every answer position, one chunk of logits at a time. hidden (B, L, D): the
+    final hidden states on mask_answer(input_ids, ...), in eval mode (no dropout). Returns H, nll (B, L) float32."""
     H = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     nll = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
     h, targets = hidden[answer_mask], input_ids[answer_mask]  # (N, D), (N,)
@@ -193,8 +164,7 @@ def answer_entropy_and_nll(hidden, head, input_ids, answer_mask, chunk_size=CE_C
 
 
 def entropy_betas(H, answer_mask, power=BETA_POWER):
-    """Algorithm 1, "beta_i <- M^i sqrt(H_i)": beta_i = H_i^power at answer positions, 0 elsewhere (eq. 12; power
-    0.5 is the paper's, 1.0 the raw-entropy ablation). H (B, L) -> (B, L)."""
+    """Algorithm 1, "beta_i <- M^i sqrt(H_i)": beta_i = H_i^power at answer positions, 0 elsewhere (eq. 12). (B, L)."""
     return torch.where(answer_mask, H.clamp_min(0) ** power, 0.0)
 
 
@@ -210,8 +180,7 @@ def sft_objective(t, u, beta, answer_mask, eps):
 
 
 def gift_objective(t, u, beta, answer_mask, eps):
-    """Theorem 1 / Algorithm 2: p_i = t_i = 1 - (1 - p)^(beta_i / beta_ref), w_i = 1 / t_i. Also `nll` (eq. 13) and
-    `gift-star` (Appendix "GIFT*"), which differ only in where the betas come from."""
+    """Theorem 1 / Algorithm 2: p_i = t_i, w_i = 1 / t_i; also `nll` (eq. 13) and `gift-star` (GIFT*): other betas."""
     t_i = gift_mask_probs(t, beta, answer_mask, eps)
     return t_i, importance_weights(t_i, answer_mask)
 
@@ -229,14 +198,13 @@ def gift_sw_objective(t, u, beta, answer_mask, eps):
 
 
 def cart_objective(t, u, beta, answer_mask, eps):
-    """eq. (16), Dream's context-adaptive weights (CART): SFT's masking, w_i = w_cart_i / p, w_cart from the tokens
-    left clean by this very mask (the prompt included)."""
+    """eq. (16), Dream's CART: SFT's masking, w_i = w_cart_i / p, w_cart from the tokens this very mask leaves clean."""
     p = sft_mask_probs(t, answer_mask, eps)
     return p, importance_weights(p, answer_mask) * cart_weights(~(u < p))
 
 
 # name -> (p_i and w_i, where the betas come from, the default normalisation). Betas: "entropy" = H_i^beta_power
-# (Algorithm 1), "nll" = -log p(x0^i) (eq. 13), "initial_entropy" = the initial model's entropy betas (GIFT*), None = unused.
+# (Algorithm 1), "nll" = -log p(x0^i) (eq. 13), "initial_entropy" = the initial model's entropy betas (GIFT*).
 OBJECTIVES = {
     "sft": (sft_objective, None, "answer"),
     "gift": (gift_objective, "entropy", "masked"),
@@ -251,12 +219,9 @@ DEFAULT_NORM = {name: norm for name, (_, _, norm) in OBJECTIVES.items()}
 
 
 def objective_batch(loss_name, input_ids, answer_mask, generator, mask_id, beta=None, eps=EPS):
-    """Everything between the entropy pass and the gradient pass, for one batch: t ~ U(0, 1), p_i, the noisy
-    sequence and the weights. Returns noisy_ids, weight (B, L) for diffusion_loss; the objective's default
-    normalisation is DEFAULT_NORM[loss_name].
-    beta (B, L): the betas of an objective that uses them (OBJECTIVES' second column; e.g. entropy_betas of
-    answer_entropy_and_nll), None for sft and cart. Random draws, in order: t (B,), then one uniform per position;
-    an objective whose p_i equals SFT's therefore masks exactly as SFT for the same generator state. Float32."""
+    """Between the entropy pass and the gradient pass: t ~ U(0, 1), p_i, the noisy sequence and the weights, noisy_ids
+    and weight (B, L) float32 for diffusion_loss. beta (B, L): None for sft and cart. The draws: t (B,), then one
+    uniform per position, so an objective whose p_i is SFT's masks exactly as SFT from the same generator state."""
     objective, betas_from, _ = OBJECTIVES[loss_name]
     if (beta is None) != (betas_from is None):
         raise ValueError(f"gift.py objective_batch: {loss_name!r} " + ("needs betas" if beta is None else
@@ -276,9 +241,8 @@ def _cross_entropy_chunk(head, h, targets):
 
 
 def chunked_cross_entropy(head, h, targets, chunk_size=CE_CHUNK):
-    """-log softmax(head(h))[target] for h (N, D), targets (N,) -> (N,). Only one chunk of (chunk_size, V)
-    logits exists at a time: each chunk is recomputed in backward (activation checkpointing) instead of
-    keeping its logits. With N = 0 one empty chunk still runs, so the head stays in the autograd graph."""
+    """-log softmax(head(h))[target] for h (N, D), targets (N,) -> (N,), one chunk of logits at a time, recomputed in
+    backward (activation checkpointing). With N = 0 one empty chunk still runs: the head stays in the autograd graph."""
     losses = []
     for s in range(0, max(len(h), 1), chunk_size):
         hc, yc = h[s:s + chunk_size], targets[s:s + chunk_size]
@@ -291,18 +255,13 @@ def chunked_cross_entropy(head, h, targets, chunk_size=CE_CHUNK):
 
 def diffusion_loss(hidden, head, input_ids, noisy_ids, weight, answer_mask, mask_id, norm="answer", denominator=None,
                    chunk_size=CE_CHUNK):
-    """Theorem 1 / Algorithm 2, "S <- sum_i 1[M'^i = 1] / t_i CrossEntropy(z_i, l_i)", with the weight chosen per
-    objective: the sum over masked answer tokens of weight * CE, normalised. hidden (B, L, D): the model's final
-    hidden states on noisy_ids; head: (c, D) -> (c, V) (None: hidden holds the logits). Masked = noisy_ids holds
-    mask_id AND answer_mask is true. Logits are computed only at masked positions, chunk by chunk; the softmax, the
-    weighted sum and the returned 0-dim loss are float32 (float64 for a float64 model).
-
-    norm "answer": each row's sum / that row's answer length (EOS padding counts), then / B: LLaDA's SFT recipe.
-    norm "masked": the total / the number of masked tokens (Algorithm 2, "L <- S / N").
-    denominator: overrides that final divisor (B for "answer", N for "masked"). Pass the GLOBAL count over every
-    rank and accumulation micro-batch, so that the micro-batch losses of all ranks add up to the loss of the whole
-    batch; DDP and FSDP2 AVERAGE gradients over ranks, so backpropagate loss * world_size.
-    With no masked token the loss is 0 but still connected to the head (DDP does not hang)."""
+    """Theorem 1 / Algorithm 2, "S <- sum_i 1[M'^i = 1] / t_i CrossEntropy(z_i, l_i)", with the objective's weight:
+    the sum over masked answer tokens (noisy_ids == mask_id within answer_mask) of weight * CE, normalised. hidden
+    (B, L, D): the final hidden states on noisy_ids. Logits only at masked positions, chunk by chunk; the loss (0-dim)
+    is float32 (float64 for a float64 model). With no masked token it is 0, still connected to the head (no DDP hang).
+    norm "answer": each row's sum / that row's answer length (EOS padding counts), then / B: LLaDA's SFT recipe;
+    "masked": the total / the number of masked tokens (Algorithm 2, "L <- S / N"). denominator overrides B or N: pass
+    the GLOBAL count over ranks and micro-batches; DDP and FSDP2 AVERAGE gradients, so backpropagate loss * world."""
     masked = (noisy_ids == mask_id) & answer_mask  # (B, L)
     ce = chunked_cross_entropy(head, hidden[masked], input_ids[masked], chunk_size)  # (N,)
     token_loss = ce * weight[masked].to(ce.dtype)  # (N,)
@@ -319,14 +278,13 @@ def diffusion_loss(hidden, head, input_ids, noisy_ids, weight, answer_mask, mask
 
 
 # =====================================================================================================================
-# Part II. Training: `torchrun --nproc_per_node N gift.py [options]`, or `python gift.py` for one process. With no
-# --model: the embedded default, a tiny LLaDA trained from scratch on 4x4 Sudoku, then evaluated (embedded.py).
+# Part II. Training: GIFT's whole step once, plainly (`gift_loss`); the options; the model on its devices; GIFT's
+# passes besides the loss; one optimizer step (`train_step`); the loop (`train`; its bookkeeping: longjob.py); main().
 # =====================================================================================================================
 
 import argparse
 import contextlib
 import dataclasses
-import functools
 import importlib.util
 import io
 import math
@@ -339,18 +297,18 @@ from pathlib import Path
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import embedded
-from data import FORMATS, data_fingerprint, load_dataset, load_tokenizer, special_ids
+from data import (FORMATS, Split, collate, data_fingerprint, epoch_batches, load_dataset, load_tokenizer, special_ids,
+                  step_micro_batches)
 from longjob import (DTYPES, EXPORTED, SEED_RULE, SEEDS, CheckpointManager, Export, MetricsLog, RunError, all_reduce,
                      banner, compute_device, compute_dtype, describe_data, end_distributed, folder_fingerprint,
-                     gather_objects, is_rank0, is_sharded, load_weights, mixed_seed, not_a_model_folder,
+                     gather_objects, is_rank0, is_sharded, load_weights, not_a_model_folder,
                      parse_dataclass_flags, print0, rank_and_world, run_command_line, run_folder, setup_distributed)
-from model import (LINEARS, LORA, LORA_TARGETS, LLaDA, LLaDAConfig, add_lora, atomic_write_text,
+from model import (LINEARS, LORA, LORA_TARGETS, LLaDA, LLaDAConfig, add_lora, atomic_write_text, check_fields,
                    check_config_against_weights, load_weight_rows, lora_disabled, lora_layers, predicting_hidden,
                    stored_dtype, unwrap)
 
 # ---------------------------------------------------------------------------------------------------------------------
-# GIFT's step once, plainly: what train_step computes, for one batch on one process (or one micro-batch of a larger
-# step: n_masked), in a dozen lines
+# GIFT's step once, plainly: what train_step computes, for one batch on one process, in a dozen lines
 
 
 def model_logits(model, input_ids):
@@ -361,22 +319,17 @@ def model_logits(model, input_ids):
 
 def gift_loss(model, input_ids, answer_mask, mask_id, generator=None, beta_power=BETA_POWER, eps=EPS, n_masked=None,
               logits=model_logits):
-    """GIFT's loss for a batch (Algorithms 1-2), to backpropagate. model: an nn.Module in its training mode; the
-    entropy pass runs with dropout off (eval mode, restored after), the second pass in the model's own mode.
-    logits(model, ids) -> (B, L, V): each position's logits predicting its own token (Dream's are shifted: pass e.g.
-    `lambda m, x: m.head(predicting_hidden(m, x))`). n_masked: Algorithm 2's N (None: this batch's masked count);
-    under gradient accumulation or DDP pass the GLOBAL count, summed over micro-batches and ranks. train_step
-    computes the same number (tests/test_gift_loss.py), with the logits chunked, at the masked positions only.
-    SFT instead divides each row by its answer length (norm "answer")."""
+    """GIFT's loss for a batch (Algorithms 1-2) to backpropagate: train_step's number (tests/test_gift_loss.py).
+    The entropy pass runs in eval mode (no dropout). logits(model, ids) -> (B, L, V), each position predicting its own
+    token (Dream's are shifted: pass e.g. `lambda m, x: m.head(predicting_hidden(m, x))`). n_masked: Algorithm 2's N
+    (None: this batch's count); under gradient accumulation or DDP pass the GLOBAL count."""
     # Algorithm 1: the whole answer masked, one no-grad pass with dropout off, the entropy H_i at each answer position
     was_training = model.training
     model.eval()
-    try:
-        with torch.no_grad():
-            logp = F.log_softmax(logits(model, mask_answer(input_ids, answer_mask, mask_id)).float(), dim=-1)
-            beta = entropy_betas(-(logp.exp() * logp).sum(-1), answer_mask, beta_power)  # (B, L) beta_i = H_i^0.5
-    finally:
-        model.train(was_training)
+    with torch.no_grad():
+        logp = F.log_softmax(logits(model, mask_answer(input_ids, answer_mask, mask_id)).float(), dim=-1)
+        beta = entropy_betas(-(logp.exp() * logp).sum(-1), answer_mask, beta_power)  # (B, L) beta_i = H_i^0.5
+    model.train(was_training)
     # Algorithm 2: t ~ U(0, 1) per row, t_i = 1 - (1 - t)^(beta_i / beta_ref), each answer token masked w.p. t_i
     t = uniforms((len(input_ids),), generator, input_ids.device)  # (B,)
     u = uniforms(input_ids.shape, generator, input_ids.device)  # (B, L)
@@ -391,81 +344,78 @@ def gift_loss(model, input_ids, answer_mask, mask_id, generator=None, beta_power
 LOSS_ALIASES = {"dream": "cart"}  # the paper's name for eq. (16)'s ablation (Dream's CART weights), read as cart
 
 
+def option(default, help, **rule):
+    """A TrainOptions field: its default, its flag's help and its rule (choices; range and what: model.check_fields)."""
+    return field(default=default, metadata=dict(help=help, **rule))
+
+
+AT_LEAST_1 = dict(range="[1, inf)", what="must be at least 1")  # a NaN lies in no range: it fails too
+OFF_OR_MORE = dict(range="[0, inf)", what="must be 0 (off) or more")
+
+
 @dataclass
 class TrainOptions:
     # what to train
-    model: str = field(default="", metadata={"help": "Hugging Face LLaDA or Dream folder (config.json, safetensors, "
-                                             "a tokenizer); empty = the embedded tiny Sudoku task"})
-    data: str = field(default="", metadata={"help": "training JSONL (messages, prompt/response, s1K or s1K-1.1)"})
-    data_format: str = field(default="auto", metadata={"help": "the JSONL's layout (auto: from the first row)",
-                                                       "choices": ("auto",) + FORMATS})
-    out: str = field(default="runs/default", metadata={"help": "output folder: checkpoints, metrics.jsonl"})
-    loss: str = field(default="gift", metadata={"help": "objective (the table in gift.py's docstring; dream: the "
-                                                "paper's name for cart)", "choices": LOSSES + tuple(LOSS_ALIASES)})
-    norm: str = field(default="", metadata={"help": "loss normalisation; empty = the objective's default",
-                                            "choices": ("", "answer", "masked")})
-    beta_power: float = field(default=BETA_POWER, metadata={"help": "beta_i = H_i^power (0.5 = paper; 1.0 = raw "
-                                                            "entropy)"})
-    beta_refresh_epochs: int = field(default=1, metadata={"help": "entropy-pass objectives: an example's betas are "
-                                                          "reused for this many epochs (1 = the paper: every visit; "
-                                                          "0 = never recomputed)"})
-    eps: float = field(default=EPS, metadata={"help": "the floor on the masking probability: t -> (1 - eps) t + "
-                                             "eps, as LLaDA (p_of_t); not Dream's sampling eps (sample.py)"})
-    # LoRA (DDP) or full fine-tuning (FSDP2)
-    lora: bool = field(default=False, metadata={"help": "LoRA fine-tuning (DDP); default full (FSDP2)"})
-    lora_r: int = field(default=LORA["r"], metadata={"help": "LoRA rank"})
-    lora_alpha: float = field(default=LORA["alpha"], metadata={"help": "LoRA alpha (scale alpha / r)"})
-    lora_dropout: float = field(default=LORA["dropout"], metadata={"help": "LoRA dropout"})
-    lora_targets: str = field(default=",".join(LORA_TARGETS), metadata={"help": "comma-separated block linears "
-                                                                          "(ff_out also adapts the LM head, as PEFT)"})
-    # how the processes hold the model
-    parallel: str = field(default="", metadata={"help": "ddp: every process holds the whole model (LoRA only); fsdp: "
-                          "FSDP2 shards it over the processes, with --lora the frozen base (each holds 1/N of it, "
-                          "gathered block by block); empty = ddp with --lora, fsdp for full fine-tuning",
-                          "choices": ("", "ddp", "fsdp")})
-    cpu_offload: bool = field(default=False, metadata={"help": "FSDP2: parameters, gradients and optimizer state on "
-                              "the host (torch's CPUOffloadPolicy), each block copied to the GPU for its passes; for "
-                              "a model too big for the GPUs (slower: every step crosses PCIe)"})
+    model: str = option("", "Hugging Face LLaDA or Dream model folder; empty = the embedded tiny Sudoku task")
+    data: str = option("", "training JSONL (messages, prompt/response, s1K or s1K-1.1)")
+    data_format: str = option("auto", "the JSONL's layout (auto: from the first row)", choices=("auto",) + FORMATS)
+    out: str = option("runs/default", "output folder: checkpoints, metrics.jsonl")
+    loss: str = option("gift", "objective (the table in gift.py's docstring; dream: the paper's name for cart)",
+                       choices=LOSSES + tuple(LOSS_ALIASES))
+    norm: str = option("", "loss normalisation; empty = the objective's default", choices=("", "answer", "masked"))
+    beta_power: float = option(BETA_POWER, "beta_i = H_i^power (0.5 = paper; 1.0 = raw entropy)", range="(0, 10]",
+                               what="must be in (0, 10] (0.5 the paper, 1 raw entropy; more overflows)")
+    beta_refresh_epochs: int = option(1, "entropy-pass objectives: an example's betas are reused for this many epochs "
+                                      "(1 = the paper: every visit; 0 = never recomputed)", range="[0, inf)",
+                                      what="must be 1 (every visit), more, or 0 (never)")
+    eps: float = option(EPS, "LLaDA's masking floor: t -> (1 - eps) t + eps (not Dream's sampling eps)", range="[0, 1)")
+    # LoRA (DDP) or full fine-tuning (FSDP2), and how the processes hold the model
+    lora: bool = option(False, "LoRA fine-tuning (DDP); default full (FSDP2)")
+    lora_r: int = option(LORA["r"], "LoRA rank", **AT_LEAST_1)
+    lora_alpha: float = option(LORA["alpha"], "LoRA alpha (scale alpha / r)", range="(0, inf)",
+                               what="must be a positive number (the adapters' scale is alpha / r; 0 trains nothing)")
+    lora_dropout: float = option(LORA["dropout"], "LoRA dropout", range="[0, 1)")
+    lora_targets: str = option(",".join(LORA_TARGETS), "comma-separated block linears (ff_out: the head too, as PEFT)")
+    parallel: str = option("", "ddp: each process holds the whole model (LoRA only); fsdp: FSDP2 shards it (with --lora"
+                           " the frozen base); empty = ddp with --lora, else fsdp", choices=("", "ddp", "fsdp"))
+    cpu_offload: bool = option(False, "FSDP2: parameters, gradients and optimizer state on the host, each block "
+                               "copied to the GPU for its passes: a model too big for the GPUs (slower: PCIe)")
     # optimisation
-    epochs: int = field(default=20, metadata={"help": "passes over the data"})
-    max_steps: int = field(default=0, metadata={"help": "stop after this many optimizer steps (0 = epochs)"})
-    batch_size: int = field(default=1, metadata={"help": "examples per device per micro-step"})
-    grad_accum: int = field(default=4, metadata={"help": "micro-steps per optimizer step"})
-    lr: float = field(default=1e-5, metadata={"help": "peak learning rate"})
-    schedule: str = field(default="linear", metadata={"help": "decay after warm-up",
-                                                      "choices": ("linear", "cosine", "constant")})
-    warmup_steps: int = field(default=0, metadata={"help": "linear warm-up steps"})
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay"})
-    grad_clip: float = field(default=1.0, metadata={"help": "max gradient norm (0 = off)"})
-    max_len: int = field(default=4096, metadata={"help": "drop (and count) longer examples"})
-    pad_to_max_len: bool = field(default=False, metadata={"help": "pad every batch to max_len, as d1/wd1"})
-    skip_bad_rows: bool = field(default=False, metadata={"help": "skip and count malformed rows"})
-    seed: int = field(default=42, metadata={"help": "model init, data order, noise and dropout seed"})
-    dtype: str = field(default="auto", metadata={"help": "compute dtype (auto: bf16 on GPU, float32 on CPU)",
-                                                 "choices": DTYPES})
-    activation_checkpointing: bool = field(default=False, metadata={"help": "recompute blocks in backward"})
-    save_dtype: str = field(default="auto", metadata={"help": "exported weights (auto: the base's stored dtype: "
-                                                      "bf16 in, bf16 out)", "choices": DTYPES})
-    save_merged: bool = field(default=False, metadata={"help": "LoRA: each checkpoint also exports merged/, the "
-                                                       "base with the adapters folded in (a Hugging Face folder)"})
+    epochs: int = option(20, "passes over the data", **AT_LEAST_1)
+    max_steps: int = option(0, "stop after this many optimizer steps (0 = epochs)", **OFF_OR_MORE)
+    batch_size: int = option(1, "examples per device per micro-step", **AT_LEAST_1)
+    grad_accum: int = option(4, "micro-steps per optimizer step", **AT_LEAST_1)
+    lr: float = option(1e-5, "peak learning rate", range="[0, inf)", what="must be positive")
+    schedule: str = option("linear", "decay after warm-up", choices=("linear", "cosine", "constant"))
+    warmup_steps: int = option(0, "linear warm-up steps", range="[0, inf)", what="must be 0 (none) or more")
+    weight_decay: float = option(0.1, "AdamW weight decay", range="[0, inf)", what="must be 0 or more")
+    grad_clip: float = option(1.0, "max gradient norm (0 = off)", range="[0, inf)",
+                              what="must be 0 (off) or a finite positive norm")
+    max_len: int = option(4096, "drop (and count) longer examples", range="[2, inf)",
+                          what="must be at least 2 (a prompt token and an answer token)")
+    pad_to_max_len: bool = option(False, "pad every batch to max_len, as d1/wd1")
+    skip_bad_rows: bool = option(False, "skip and count malformed rows")
+    seed: int = option(42, "model init, data order, noise and dropout seed", range=f"[{SEEDS.start}, {SEEDS.stop})",
+                       what=f"must be {SEED_RULE}")
+    dtype: str = option("auto", "compute dtype (auto: bf16 on GPU, float32 on CPU)", choices=DTYPES)
+    activation_checkpointing: bool = option(False, "recompute blocks in backward")
+    save_dtype: str = option("auto", "exported weights (auto: the base's stored dtype)", choices=DTYPES)
+    save_merged: bool = option(False, "LoRA: each checkpoint also exports merged/ (the adapters folded into the base)")
     # bookkeeping
-    log_every: int = field(default=10, metadata={"help": "optimizer steps between log lines"})
-    wandb_project: str = field(default="", metadata={"help": "also send each metrics.jsonl record to this Weights & "
-                               "Biases project (wandb is imported only then; WANDB_MODE=offline needs no network; "
-                               "--resume continues the same W&B run)"})
-    save_every: int = field(default=0, metadata={"help": "optimizer steps between checkpoints (0 = each epoch)"})
-    keep_last: int = field(default=2, metadata={"help": "checkpoints kept (only this run's are ever deleted)"})
-    resume: bool = field(default=False, metadata={"help": "continue the run in --out from its latest complete "
-                                                  "checkpoint (from step 0 if it has none yet)"})
-    overwrite: bool = field(default=False, metadata={"help": "delete the run already in --out and start over"})
-    max_bad_steps: int = field(default=5, metadata={"help": "stop after this many non-finite steps in a row"})
-    eval_puzzles: int = field(default=256, metadata={"help": "embedded task: held-out puzzles to evaluate"})
+    log_every: int = option(10, "optimizer steps between log lines", **AT_LEAST_1)
+    wandb_project: str = option("", "also send each metrics.jsonl record to this Weights & Biases project "
+                                "(WANDB_MODE=offline needs no network; --resume continues the same W&B run)")
+    save_every: int = option(0, "optimizer steps between checkpoints (0 = each epoch)", **OFF_OR_MORE)
+    keep_last: int = option(2, "checkpoints kept (only this run's are ever deleted)", **AT_LEAST_1)
+    resume: bool = option(False, "continue the run in --out from its latest complete checkpoint (or from step 0)")
+    overwrite: bool = option(False, "delete the run already in --out and start over")
+    max_bad_steps: int = option(5, "stop after this many non-finite steps in a row", **AT_LEAST_1)
+    eval_puzzles: int = option(256, "embedded task: held-out puzzles to evaluate")
 
 
 def parse_options(argv=None):
     """TrainOptions from the command line (`python gift.py --help` lists every option), checked before any work."""
-    parser = argparse.ArgumentParser(description="GIFT / SFT fine-tuning of LLaDA or Dream (arXiv 2509.20863; see "
-                                                 "README.md)")
+    parser = argparse.ArgumentParser(description="GIFT / SFT fine-tuning of LLaDA or Dream (arXiv 2509.20863)")
     given = parse_dataclass_flags(parser, TrainOptions, argv)
     if "loss" in given:
         given["loss"] = LOSS_ALIASES.get(given["loss"], given["loss"])
@@ -482,46 +432,23 @@ def parallel_of(opts):
 
 
 def check_options(opts, error):
-    """Every option check that needs no file: `error(message)` for the first one that fails."""
-    if opts.beta_refresh_epochs < 0:
-        error(f"--beta-refresh-epochs {opts.beta_refresh_epochs}: must be 1 (every visit), more, or 0 (never)")
+    """`error(message)` for the first option that fails, before any work: ranges (model.check_fields), rules, paths."""
+    try:
+        check_fields(opts, lambda name: f"--{name.replace('_', '-')} {getattr(opts, name)}")
+    except ValueError as e:
+        error(str(e))
     if opts.beta_refresh_epochs != 1 and OBJECTIVES[opts.loss][1] not in ("entropy", "nll"):
         error(f"--beta-refresh-epochs applies to the objectives with a per-step first pass "
               f"({', '.join(n for n, o in OBJECTIVES.items() if o[1] in ('entropy', 'nll'))}), not --loss {opts.loss}")
     if opts.parallel == "ddp" and not opts.lora:
-        error("--parallel ddp needs --lora (full fine-tuning shards its float32 weights and AdamW states with FSDP2: "
-              "--parallel fsdp, the default)")
+        error("--parallel ddp needs --lora (full fine-tuning is sharded by FSDP2: --parallel fsdp, the default)")
     if opts.cpu_offload and parallel_of(opts) != "fsdp":
-        error("--cpu-offload needs FSDP2: add --parallel fsdp (with --lora the default is ddp, which keeps the whole "
-              "model on every GPU)")
+        error("--cpu-offload needs FSDP2: add --parallel fsdp (with --lora the default is ddp)")
     if opts.save_merged and not opts.lora:
         error("--save-merged needs --lora (a full fine-tuning checkpoint is already a complete model/)")
-    # option: (its value is fine, what it must be); a NaN compares false, so it fails too
-    ranges = {name: (getattr(opts, name) >= 1, "at least 1") for name in (
-        "epochs", "batch_size", "grad_accum", "log_every", "keep_last", "lora_r", "max_bad_steps")}
-    ranges |= {name: (getattr(opts, name) >= 0, "0 (off) or more") for name in ("max_steps", "save_every")}
-    ranges |= {
-        "lr": (0 <= opts.lr < math.inf, "positive"),
-        "beta_power": (0 < opts.beta_power <= 10, "in (0, 10] (beta_i = H_i^power: 0.5 the paper, 1 raw entropy; "
-                                                 "more overflows)"),
-        "lora_alpha": (0 < opts.lora_alpha < math.inf, "a positive number (the adapters' scale is alpha / r; 0 "
-                                                        "trains nothing)"),
-        "lora_dropout": (0 <= opts.lora_dropout < 1, "in [0, 1)"),
-        "weight_decay": (0 <= opts.weight_decay < math.inf, "0 or more"),
-        "grad_clip": (0 <= opts.grad_clip < math.inf, "0 (off) or a finite positive norm"),
-        "warmup_steps": (opts.warmup_steps >= 0, "0 (none) or more"),
-        "max_len": (opts.max_len >= 2, "at least 2 (a prompt token and an answer token)"),
-        "seed": (opts.seed in SEEDS, SEED_RULE),
-    }
-    for name, (fine, what) in ranges.items():
-        if not fine:
-            error(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be {what}")
     if opts.lr == 0:
         print("warning: --lr 0: the weights will not change", file=sys.stderr)
-    if not 0 <= opts.eps < 1:
-        error(f"--eps {opts.eps}: must be in [0, 1) (t -> (1 - eps) t + eps)")
-    unknown = [t for t in opts.lora_targets.split(",") if t not in LINEARS]
-    if opts.lora and unknown:
+    if opts.lora and (unknown := [t for t in opts.lora_targets.split(",") if t not in LINEARS]):
         error(f"--lora-targets: {unknown} not among the linears {', '.join(LINEARS)} (LLaDA's or Dream's names)")
     if opts.data and not opts.model:
         error("--data needs --model (without --model the built-in Sudoku task trains and --data is unused)")
@@ -556,13 +483,10 @@ FSDP_ONE_GROUP_MAX_PARAMS = 10_000_000  # FSDP2 shards a model up to this size a
 
 
 def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=False, seed=0, parallel=""):
-    """lora=None: full fine-tuning; float32 master weights, FSDP2-sharded (fsdp_shard) over `world` > 1 processes,
-    computing in `dtype`; a meta-device model is sharded, then given empty storage on `device` (the host with
-    "fsdp-offload") for model.load_weight_rows to fill (each rank its rows).
-    lora=dict(r=, alpha=, dropout=, targets=): float32 adapters (A initialised from `seed`) on a frozen base in
-    `dtype`, replicated with DDP over `world` > 1 processes, or with parallel="fsdp" sharded by FSDP2.
-    parallel="fsdp-offload" (--cpu-offload): FSDP2 keeps the shards, their gradients and AdamW's states on the host,
-    even for one process (in a process group of one: train starts it)."""
+    """lora=None: full fine-tuning, float32 master weights FSDP2-sharded over `world` > 1 processes, computing in
+    `dtype` (a meta-device model gets empty storage for model.load_weight_rows to fill). lora=dict(r=, alpha=, dropout=,
+    targets=): float32 adapters (A from `seed`) on a frozen base in `dtype`, replicated by DDP or sharded by FSDP2;
+    "fsdp-offload" (--cpu-offload): FSDP2 even in one process, its states on the host."""
     if activation_checkpointing:
         model.set_activation_checkpointing(True)
     cpu_offload = parallel == "fsdp-offload"
@@ -587,10 +511,8 @@ def wrap_model(model, device, dtype, world, lora=None, activation_checkpointing=
 
 
 def fsdp_shard(model, device, param_dtype, cpu_offload=False, one_group_max=None):
-    """FSDP2 over every process (fully_shard), in place: one group per block (one block's parameters are whole at a
-    time: an 8B model never is), then the root; a model of at most `one_group_max` parameters (None:
-    FSDP_ONE_GROUP_MAX_PARAMS) is one group (one all-gather and one reduce-scatter a step). param_dtype: what the
-    gathered parameters compute in (None: each its own); gradients are reduced in float32."""
+    """FSDP2 in place: one group per block, then the root; a model of at most `one_group_max` (None:
+    FSDP_ONE_GROUP_MAX_PARAMS) parameters is one group. param_dtype: the gathered parameters' (None: their own)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if cpu_offload else OffloadPolicy()
@@ -612,14 +534,12 @@ def gradient_sync(model, enabled):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# GIFT's passes besides the loss: Algorithm 1 on the model (the betas of a no-grad first pass); GIFT*'s betas of the
-# frozen initial model, computed once and cached in <out>/ref_betas.pt; betas reused for K epochs (BetaCache)
+# GIFT's passes besides the loss: Algorithm 1 on the model; GIFT*'s initial betas; betas reused for K epochs
 
 
 def first_pass_betas(model, betas_from, input_ids, answer_mask, mask_id, beta_power=BETA_POWER, chunk_size=CE_CHUNK):
-    """Algorithm 1 on our model: the betas of the no-grad first pass (dropout off), (B, L) float32. betas_from
-    (OBJECTIVES' second column): "entropy" = H_i^beta_power, "nll" = -log p(x0^i), "initial_entropy" = the entropy betas of the
-    initial model (under LoRA: the adapters disabled; full fine-tuning: gift_star_betas, computed once)."""
+    """Algorithm 1 on our model: the no-grad first pass's betas (dropout off), (B, L) float32, as betas_from
+    (OBJECTIVES' second column) says; "initial_entropy": the adapters disabled (full fine-tuning: gift_star_betas)."""
     module = unwrap(model)
     if betas_from == "initial_entropy" and not lora_layers(module):
         raise ValueError("gift.py first_pass_betas: gift-star needs the initial model's betas, but this model has no "
@@ -637,8 +557,7 @@ def first_pass_betas(model, betas_from, input_ids, answer_mask, mask_id, beta_po
 
 @torch.no_grad()
 def initial_model_betas(model, examples, pad_id, length, batch_size, device, beta_power=BETA_POWER):
-    """Algorithm 1 with the model as it is now (adapters disabled under LoRA): before any checkpoint loads, GIFT*'s
-    betas of the INITIAL model. Each example padded to `length`; returns (len(examples), length) float32 on the CPU."""
+    """GIFT*'s betas of the INITIAL model (LoRA: adapters off), examples padded to `length`: (N, length) on the CPU."""
     rows = []
     mask_id = unwrap(model).config.mask_token_id
     betas_from = "initial_entropy" if lora_layers(unwrap(model)) else "entropy"
@@ -681,31 +600,24 @@ def gift_star_betas(model, inputs, path, pad_to, batch_size, beta_power, device,
 
 
 class BetaCache:
-    """--beta-refresh-epochs K: GIFT's betas reused for K epochs. Each example's betas are kept with the epoch of the
-    entropy pass that made them, and recomputed (for the stale rows only) when K or more epochs old: with K = 3 in
-    epochs 0, 3, 6, ...; K = 0 never (the first visit's, close to GIFT*'s). Every rank holds the whole cache, which
-    checkpoints save: 4 bytes per padded token (s1K: ~16 MB; a million 1000-token examples: 4 GB)."""
+    """--beta-refresh-epochs K: each example's betas and the epoch that made them, recomputed when K or more epochs
+    old (K = 3: in epochs 0, 3, 6, ...; 0: never). Every rank holds it all; checkpoints save it (4 B a padded token)."""
 
     def __init__(self, n_examples, refresh_epochs):
         self.refresh_epochs = refresh_epochs
         self.epoch = torch.full((n_examples,), -1, dtype=torch.int64)  # -1: never computed
         self.betas = [torch.zeros(0)] * n_examples  # (L_i,) float32, L_i = the padded length of its micro-batch
 
-    def is_stale(self, index, epoch):
-        made = int(self.epoch[index])
-        return made < 0 or (self.refresh_epochs > 0 and epoch - made >= self.refresh_epochs)
-
     def attach(self, micro_batches, epoch):
         """Set each micro-batch's stale and precomputed_betas (stale rows: zeros until train_step's first pass fills
         them). A row cached at another padded length is cut, or extended with its last value (an EOS pad's beta)."""
         for mb in micro_batches:
-            B, L = mb.input_ids.shape
-            mb.stale = torch.tensor([self.is_stale(i, epoch) for i in mb.indices])
-            rows = torch.zeros(B, L)
-            for r, i in enumerate(mb.indices):
-                cached = self.betas[i]
+            made = self.epoch[mb.indices]  # (B,) the epoch of each row's cached betas
+            mb.stale = (made < 0) | ((epoch - made >= self.refresh_epochs) & (self.refresh_epochs > 0))
+            rows, L = torch.zeros(mb.input_ids.shape), mb.input_ids.shape[1]
+            for r, cached in enumerate(self.betas[i] for i in mb.indices):
                 if not mb.stale[r]:
-                    rows[r, :min(L, len(cached))] = cached[:L]
+                    rows[r, :len(cached)] = cached[:L]
                     rows[r, len(cached):] = cached[-1]
             mb.precomputed_betas = rows.to(mb.input_ids.device)
 
@@ -745,7 +657,7 @@ def refresh_stale_betas(model, mb, betas_from, beta_power, autocast, world, devi
 
 @dataclass
 class MicroBatch:
-    """One rank's micro-batch of one optimizer step (step_micro_batches builds it; train_step fills the last fields)."""
+    """One rank's micro-batch of one step (data.step_micro_batches' fields; train_step fills the last ones)."""
     input_ids: torch.Tensor  # (B, L) clean sequences, right-padded
     answer_mask: torch.Tensor  # (B, L) bool: answer positions (padding included), where the loss lives
     generators: object  # one torch.Generator per row (its t and its mask), or one for the whole micro-batch
@@ -758,26 +670,14 @@ class MicroBatch:
     beta: torch.Tensor = None  # (B, L) the betas used (None for sft and cart)
 
 
-@dataclass
-class Objective:
-    """The settings of what train_step minimises: --loss, --norm ("": the objective's own, DEFAULT_NORM), --eps and
-    --beta-power."""
-    name: str
-    norm: str = ""
-    eps: float = EPS
-    beta_power: float = BETA_POWER
-
-
-def train_step(model, optimizer, micro_batches, objective, grad_clip=1.0, autocast=contextlib.nullcontext()):
-    """One optimizer step of Algorithm 2 on a global batch (each rank passes its own MicroBatches). objective: an
-    Objective, or an objective's name. Returns a dict: loss (of the whole batch), grad_norm (before clipping), stepped
-    (False when either is not finite: the update is skipped), and the COUNTS summed over micro-batches and ranks."""
-    objective = Objective(objective) if isinstance(objective, str) else objective
-    loss_name, eps, beta_power = objective.name, objective.eps, objective.beta_power
+def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, beta_power=BETA_POWER, grad_clip=1.0,
+               autocast=contextlib.nullcontext()):
+    """One optimizer step of Algorithm 2 on a global batch, each rank passing its MicroBatches (norm "": DEFAULT_NORM).
+    Returns loss (the whole batch's), grad_norm (before clipping), stepped (False if either is not finite), COUNTS."""
     world, module = rank_and_world()[1], unwrap(model)
     mask_id, device = module.config.mask_token_id, micro_batches[0].input_ids.device
     params = [p for p in model.parameters() if p.requires_grad]
-    betas_from, norm = OBJECTIVES[loss_name][1], objective.norm or DEFAULT_NORM[loss_name]
+    betas_from, norm = OBJECTIVES[loss_name][1], norm or DEFAULT_NORM[loss_name]
 
     # pass 1, every micro-batch: the betas (GIFT: the no-grad entropy pass, Algorithm 1), t, the mask, the weights
     for mb in micro_batches:
@@ -823,8 +723,7 @@ COUNTS = ("n_rows", "n_masked", "n_answer", "n_tokens", "beta_n", "beta_sum", "b
 
 @torch.no_grad()
 def step_counts(micro_batches, mask_id):
-    """This rank's COUNTS over its real micro-batches: rows, masked and answer tokens, padded tokens, and the betas'
-    sums (float64, so that a step's statistics add up over micro-batches and ranks)."""
+    """This rank's COUNTS over its real micro-batches; the betas' sums in float64, so that they add up exactly."""
     local = dict.fromkeys(COUNTS, 0.0)
     for mb in (mb for mb in micro_batches if mb.real):
         n_answer = float(mb.answer_mask.sum())
@@ -845,13 +744,11 @@ def step_counts(micro_batches, mask_id):
 
 
 def train(opts, preemption):
-    """The whole run on every rank, in the folder main claimed: set-up, resume, then one optimizer step per iteration
-    and its bookkeeping. Returns (the trained model, the run's RunInputs, the last checkpoint's folder)."""
+    """The whole run on every rank, in main's folder: set-up, resume, the steps. Returns (model, inputs, checkpoint)."""
     rank, world, device = setup_distributed(group_of_one=opts.cpu_offload)  # FSDP2 needs a group, even of one
     dtype = compute_dtype(opts.dtype, device)  # auto: bf16 on a GPU, float32 on the CPU
     # bf16: autocast on the CPU as on a GPU (one code path); norms, softmax and losses stay float32
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if dtype == torch.bfloat16
-                else contextlib.nullcontext())
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype == torch.bfloat16 else contextlib.nullcontext()
 
     # the model, the tokenizer and the data (every rank builds the same); a checkpoint of others is refused here
     inputs = load_inputs(opts, rank, dtype)
@@ -867,8 +764,7 @@ def train(opts, preemption):
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=opts.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=opts.weight_decay)
     global_batch = opts.batch_size * opts.grad_accum * world
-    total_steps = opts.epochs * math.ceil(len(inputs.examples) / global_batch)
-    total_steps = min(total_steps, opts.max_steps) if opts.max_steps else total_steps
+    total_steps = min(opts.epochs * math.ceil(len(inputs.examples) / global_batch), opts.max_steps or math.inf)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(opts.schedule, opts.warmup_steps, total_steps))
     print0(banner(opts, inputs, model, world, device, dtype, total_steps, global_batch))
     check_run_size(opts, len(inputs.examples), total_steps)
@@ -890,13 +786,14 @@ def train(opts, preemption):
         # -------------------------------------------------------------------------------------------------------------
         # one training step
         order = epoch_batches(len(inputs.examples), state.epoch, opts.seed, global_batch)
-        micro_batches = step_micro_batches(inputs.examples, order[state.step_in_epoch], state.epoch, split,
-                                           inputs.pad_id, device, opts.seed, pad_to)
+        fields = step_micro_batches(inputs.examples, order[state.step_in_epoch], state.epoch, split, inputs.pad_id,
+                                    device, opts.seed, pad_to)
+        micro_batches = [MicroBatch(**f) for f in fields]
         for mb in micro_batches if precomputed_betas is not None else ():  # GIFT*'s, of the initial model
             mb.precomputed_betas = precomputed_betas[mb.indices, :mb.input_ids.shape[1]].to(device)
         if beta_cache:
             beta_cache.attach(micro_batches, state.epoch)
-        result = train_step(model, optimizer, micro_batches, Objective(opts.loss, opts.norm, opts.eps, opts.beta_power),
+        result = train_step(model, optimizer, micro_batches, opts.loss, opts.norm, opts.eps, opts.beta_power,
                             opts.grad_clip, autocast)
         scheduler.step()
         if beta_cache:
@@ -930,17 +827,15 @@ def load_inputs(opts, rank, dtype):
         return RunInputs(**embedded.embedded_inputs(opts, rank, dtype, save_dtype(opts.save_dtype, torch.float32)))
     config = LLaDAConfig.from_json(Path(opts.model) / "config.json")
     check_config_against_weights(opts.model, config)  # from the safetensors headers, before anything is built
-    if opts.max_len > config.max_sequence_length:  # longer than the base was trained on
-        print0(f"warning: --max-len {opts.max_len} exceeds the model's max_sequence_length "
-               f"{config.max_sequence_length} ({Path(opts.model) / 'config.json'}); using "
-               f"--max-len {config.max_sequence_length}")
-        opts.max_len = config.max_sequence_length
+    if opts.max_len > (n := config.max_sequence_length):  # longer than the base was trained on
+        print0(f"warning: --max-len {opts.max_len} exceeds the model's max_sequence_length {n} "
+               f"({Path(opts.model) / 'config.json'}); using --max-len {n}")
+        opts.max_len = n
     # the data, before the model: a bad row fails in seconds
     tokenizer = load_tokenizer(opts.model)
     pad_id = special_ids(tokenizer, config, opts.model).pad  # the chat tokens checked, as sample.py and eval.py
     examples, stats = load_dataset(opts.data, tokenizer, fmt=opts.data_format, max_len=opts.max_len,
                                    skip_bad_rows=opts.skip_bad_rows)
-    data = dict(data=data_fingerprint(examples), examples=len(examples))
     print0(describe_data(stats))
     # the model, and what checkpoints record of it
     if opts.lora:
@@ -948,14 +843,13 @@ def load_inputs(opts, rank, dtype):
     else:
         with torch.device("meta"):
             model = LLaDA(config)
-    fingerprints = dict(data, model=folder_fingerprint(opts.model))
+    fingerprints = dict(data=data_fingerprint(examples), examples=len(examples), model=folder_fingerprint(opts.model))
     exported = EXPORTED + embedded.EXPORTED  # a model folder of the embedded task's carries its held-out puzzles
     files = [f for f in sorted(Path(opts.model).iterdir()) if f.is_file() and any(f.match(p) for p in exported)]
     stored = stored_dtype(opts.model)  # a LoRA base loaded in a narrower dtype: merged/ from the folder's own weights
     exact = dtype == stored or torch.finfo(dtype).bits > torch.finfo(stored).bits
-    export = Export(dtype=save_dtype(opts.save_dtype, stored), files=files, base_name=opts.model,
-                    merged=opts.save_merged, base_fingerprint=fingerprints["model"],
-                    merge_from="" if exact else opts.model)
+    export = Export(save_dtype(opts.save_dtype, stored), files, base_name=opts.model, merged=opts.save_merged,
+                    base_fingerprint=fingerprints["model"], merge_from="" if exact else opts.model)
     return RunInputs(model, tokenizer, examples, pad_id, fingerprints, export,
                      resolved=dict(dtype=str(dtype).removeprefix("torch."), data_format=stats["format"]))
 
@@ -980,102 +874,9 @@ def lr_lambda(schedule, warmup_steps, total_steps):
     def f(step):
         if step < warmup_steps:
             return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        if schedule == "linear":
-            return max(0.0, 1.0 - progress)
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-        return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return {"linear": 1.0 - progress, "cosine": 0.5 * (1.0 + math.cos(math.pi * progress))}.get(schedule, 1.0)
     return f
-
-
-# Batch assembly: each epoch's order and steps, each step split over ranks and micro-batches, each example's noise
-
-
-def collate(examples, pad_id, pad_to=None):
-    """[(ids, prompt_len)] -> input_ids (B, L) long, answer_mask (B, L) bool (the positions >= prompt_len). Right-pads
-    with pad_id (LLaDA: <|endoftext|>) to the longest example, or to pad_to (d1 / wd1 pad every example to 4096, which
-    changes what GIFT's beta_ref averages over). Pads are answer positions, trained on as in LLaDA's SFT recipe."""
-    if not examples:
-        raise ValueError("collate got no examples (an empty micro-batch needs a zero-weight dummy row instead)")
-    longest = max(len(ids) for ids, _ in examples)
-    L = longest if pad_to is None else pad_to
-    if longest > L:
-        raise ValueError(f"an example has {longest} tokens, more than pad_to={pad_to}")
-    input_ids = torch.full((len(examples), L), pad_id, dtype=torch.long)  # (B, L)
-    for i, (ids, _) in enumerate(examples):
-        input_ids[i, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-    prompt_lengths = torch.tensor([prompt_len for _, prompt_len in examples], dtype=torch.long)  # (B,)
-    return input_ids, torch.arange(L)[None] >= prompt_lengths[:, None]
-
-
-def epoch_order(n, epoch, seed):
-    """A fresh permutation of range(n) for each epoch, the same on every rank (every rank holds the dataset)."""
-    generator = torch.Generator().manual_seed(mixed_seed(seed, epoch))
-    return torch.randperm(n, generator=generator).tolist()
-
-
-def step_batches(order, global_batch):
-    """The epoch's optimizer steps: consecutive chunks of global_batch indices; the last may be short."""
-    return [order[i:i + global_batch] for i in range(0, len(order), global_batch)]
-
-
-def split_even(items, k):
-    """k consecutive parts whose sizes differ by at most one, the larger first (like numpy.array_split)."""
-    size, extra = divmod(len(items), k)
-    bounds = [i * size + min(i, extra) for i in range(k + 1)]
-    return [items[bounds[i]:bounds[i + 1]] for i in range(k)]
-
-
-def rank_micro_batches(step_indices, rank, world_size, micro_batch, accum):
-    """This rank's share of one optimizer step, as exactly `accum` micro-batches (lists of example indices): the step
-    is split into `accum` consecutive global micro-batches, global micro-batch j into `world_size` consecutive parts,
-    part r going to rank r, so that the union over ranks is the single-process micro-batch j. The short last step of
-    an epoch is spread evenly: a micro-batch may be EMPTY (step_micro_batches makes it a zero-weight dummy row, which
-    keeps the DDP / FSDP2 collectives of every rank in step)."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in [0, {world_size})")
-    if len(step_indices) > world_size * micro_batch * accum:
-        raise ValueError(f"a step of {len(step_indices)} examples does not fit world_size {world_size} x "
-                         f"micro_batch {micro_batch} x accum {accum}")
-    return [split_even(chunk, world_size)[rank] for chunk in split_even(list(step_indices), accum)]
-
-
-@functools.lru_cache(maxsize=1)
-def epoch_batches(n_examples, epoch, seed, global_batch):
-    """Epoch `epoch`'s optimizer steps (epoch_order cut by step_batches), cached while the epoch runs."""
-    return step_batches(epoch_order(n_examples, epoch, seed), global_batch)
-
-
-def example_generator(seed, epoch, index, device):
-    """Example `index`'s noise in `epoch` (its t and its mask), from its own seed: the same for any batch layout."""
-    return torch.Generator(device=device).manual_seed(mixed_seed(seed, epoch) * 10_000_019 + index)
-
-
-@dataclass
-class Split:
-    """How a global batch is split: over `world` ranks (this one `rank`), `accum` micro-batches of `micro_batch`."""
-    rank: int
-    world: int
-    micro_batch: int
-    accum: int
-
-
-def step_micro_batches(examples, step_indices, epoch, split, pad_id, device, seed, pad_to=0):
-    """This rank's `accum` MicroBatches of one optimizer step (split: a Split), on `device`. Micro-batch j is padded
-    to its longest example over ALL ranks (pads are trained on: N ranks must pad as one process does), or to pad_to
-    > 0. An empty micro-batch becomes a zero-weight dummy row."""
-    everyone = [rank_micro_batches(step_indices, r, split.world, split.micro_batch, split.accum)
-                for r in range(split.world)]
-    batches = []
-    for j, indices in enumerate(everyone[split.rank]):
-        rows = indices or [step_indices[0]]
-        L = pad_to or max(len(examples[i][0]) for i in rows + [i for part in everyone for i in part[j]])
-        input_ids, answer_mask = collate([examples[i] for i in rows], pad_id, pad_to=L)
-        batches.append(MicroBatch(input_ids.to(device), answer_mask.to(device),
-                                  [example_generator(seed, epoch, i, device) for i in rows], real=bool(indices),
-                                  indices=rows))
-    return batches
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1089,9 +890,8 @@ def main(argv=None):
     with run_folder(Path(opts.out), opts.resume, opts.overwrite, replaced) as preemption:
         model, inputs, checkpoint = train(opts, preemption)
         preemption.looping = False  # a signal in the final evaluation exits at once, status.json saying so
-        t_train = time.time() - t0
         if inputs.heldout is not None:  # the embedded default: its held-out puzzles with the block sampler, results
-            embedded.evaluate_run(opts, inputs.heldout, checkpoint, compute_device(model), t_train, t0)
+            embedded.evaluate_run(opts, inputs.heldout, checkpoint, compute_device(model), time.time() - t0, t0)
     end_distributed()  # every rank done with every collective before the process group goes
 
 

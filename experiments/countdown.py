@@ -27,9 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
 import gift  # noqa: E402
-from data import EOT, encode, encode_examples, encode_text  # noqa: E402
+from data import EOT, collate, encode, encode_examples, encode_text  # noqa: E402
 from embedded import CHAR_VOCAB, make_char_tokenizer  # noqa: E402
-from gift import collate  # noqa: E402
 from eval import COUNTDOWN_QUESTION, build_prompt, evaluate, last_boxed  # noqa: E402
 from sample import SamplerOptions  # noqa: E402
 

@@ -18,8 +18,8 @@ What it does, in order (every step is the repo's own code path; nothing is re-im
      at the study's shapes (measure_step_costs), kept in <out>/costs.json (or given by --step-costs), so that the
      equal-time budgets do not depend on the machine's load.
   4. Fine-tuning: for every base, objective and seed, gift.train from that base (full fine-tuning, same data, the
-     same data order and per-example noise seeds for a given seed across objectives: gift.epoch_order and
-     gift.example_generator depend only on --seed). Objectives: sft, gift, gift-elbo, gift-star, gift with
+     same data order and per-example noise seeds for a given seed across objectives: data.epoch_order and
+     data.example_generator depend only on --seed). Objectives: sft, gift, gift-elbo, gift-star, gift with
      --norm answer, gift with betas reused for 4 epochs or for ever.
      Budget 1, equal optimizer steps: every objective runs the same number of steps.
      Budget 2, equal wall time: SFT runs steps x cost(gift) / cost(sft) steps, and steps x cost(gift-k4) / cost(sft)
@@ -68,7 +68,7 @@ import countdown  # noqa: E402
 import gift  # noqa: E402
 import longjob  # noqa: E402
 import sudoku  # noqa: E402
-from data import load_tokenizer  # noqa: E402
+from data import collate, load_tokenizer  # noqa: E402
 from embedded import tiny_config_for  # noqa: E402
 from model import LLaDA  # noqa: E402
 
@@ -603,7 +603,7 @@ def answer_betas(task, model, tokenizer, items, fields):
     beta}] (one entry per answer token; labels from the task's answer_rows)."""
     model.eval()
     rows, labels = task.answer_rows(tokenizer, items, fields)
-    input_ids, answer_mask = gift.collate(rows, model.config.pad_token_id)  # (B, L), (B, L)
+    input_ids, answer_mask = collate(rows, model.config.pad_token_id)  # (B, L), (B, L)
     beta = gift.first_pass_betas(model, "entropy", input_ids, answer_mask, model.config.mask_token_id)  # (B, L)
     return [dict(tokens=[tokenizer.decode([i]) for i in ids[p:]], labels=lab, beta=beta[k, p:len(ids)].tolist())
             for k, ((ids, p), lab) in enumerate(zip(rows, labels))]

@@ -16,10 +16,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo's top-level files are plain modules
 import gift  # noqa: E402
-from data import SUDOKU_TASK_PROMPT, encode  # noqa: E402
+from data import SUDOKU_TASK_PROMPT, collate, encode  # noqa: E402
 from embedded import (EMBEDDED_EVAL, SUDOKU_ANSWER, SUDOKU_UNITS, make_char_tokenizer, sudoku_examples,  # noqa: E402
                       sudoku_split)
-from gift import collate  # noqa: E402
 from eval import SUDOKU_QUESTION, build_prompt, evaluate  # noqa: E402
 from sample import SamplerOptions  # noqa: E402
 

@@ -10,8 +10,8 @@ import torch
 from conftest import ROWS, final_weights, metrics, train_args
 
 import gift
-from data import load_dataset, load_tokenizer
-from gift import BetaCache, Split, epoch_order, main, step_batches, step_micro_batches, train_step
+from data import Split, epoch_order, load_dataset, load_tokenizer, step_batches, step_micro_batches
+from gift import BetaCache, MicroBatch, main, train_step
 from model import LLaDA
 
 # 12 examples, global batch 4: 3 steps per epoch
@@ -67,8 +67,8 @@ def test_the_cache_path_with_k1_equals_the_plain_gift_step(base):
         results = []
         for epoch in range(3):
             for step in step_batches(epoch_order(len(examples), epoch, 7), 4):
-                mbs = step_micro_batches(examples, step, epoch, Split(0, 1, 2, 2), model.config.pad_token_id,
-                                         torch.device("cpu"), 7)
+                mbs = [MicroBatch(**f) for f in step_micro_batches(examples, step, epoch, Split(0, 1, 2, 2),
+                                                                   model.config.pad_token_id, torch.device("cpu"), 7)]
                 if cache:
                     cache.attach(mbs, epoch)
                     if cache.refresh_epochs == 2 and epoch == 1:  # every row fresh: epoch 0's betas

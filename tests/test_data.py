@@ -9,7 +9,7 @@ from tokenizers import Tokenizer, models, processors
 
 import data
 import embedded
-import gift
+import longjob
 from conftest import DATA
 
 # a char tokenizer that can spell any printable text, with LLaDA's special tokens
@@ -74,7 +74,7 @@ def test_training_pair_tokens_prompt_len_and_answer_mask(tok):
     # batched with a longer example: pads are <|endoftext|> and belong to the answer
     eos = sid(tok, data.EOS)
     other = example(tok, messages, "A much longer answer")
-    input_ids, answer_mask = gift.collate([(ids, prompt_len), other], pad_id=eos)
+    input_ids, answer_mask = data.collate([(ids, prompt_len), other], pad_id=eos)
     L = len(other[0])
     assert input_ids.shape == (2, L) and input_ids.dtype == torch.long
     assert input_ids[0].tolist() == ids + [eos] * (L - len(ids))
@@ -298,27 +298,33 @@ def test_too_long_dropped_and_counted_never_truncated(tmp_path, tok):
 
 def test_collate_pad_to_and_errors():
     examples = [([1, 2, 3], 1), (torch.tensor([4, 5], dtype=torch.int32), 2)]
-    input_ids, answer_mask = gift.collate(examples, pad_id=9, pad_to=6)
+    input_ids, answer_mask = data.collate(examples, pad_id=9, pad_to=6)
     assert input_ids.tolist() == [[1, 2, 3, 9, 9, 9], [4, 5, 9, 9, 9, 9]] and input_ids.dtype == torch.long
     assert answer_mask.tolist() == [[False] + [True] * 5, [False] * 2 + [True] * 4] and answer_mask.dtype == torch.bool
-    assert gift.collate(examples, pad_id=0)[0].tolist() == [[1, 2, 3], [4, 5, 0]]
+    assert data.collate(examples, pad_id=0)[0].tolist() == [[1, 2, 3], [4, 5, 0]]
     with pytest.raises(ValueError, match="more than pad_to=2"):
-        gift.collate(examples, pad_id=0, pad_to=2)
+        data.collate(examples, pad_id=0, pad_to=2)
     with pytest.raises(ValueError, match="no examples"):
-        gift.collate([], pad_id=0)
+        data.collate([], pad_id=0)
 
 
 def test_epoch_order_deterministic_fresh_per_epoch():
     n = 50
-    orders = [gift.epoch_order(n, epoch, seed=42) for epoch in range(3)]
+    orders = [data.epoch_order(n, epoch, seed=42) for epoch in range(3)]
     assert all(sorted(o) == list(range(n)) for o in orders)
     assert len({tuple(o) for o in orders}) == 3
-    assert gift.epoch_order(n, 1, seed=42) == orders[1]
-    assert gift.epoch_order(n, 0, seed=43) != orders[0]
+    assert data.epoch_order(n, 1, seed=42) == orders[1]
+    assert data.epoch_order(n, 0, seed=43) != orders[0]
+
+
+def test_the_seed_rule_is_longjobs():
+    """data.mixed_seed is longjob.mixed_seed (copied: data.py imports no machinery)."""
+    for seed, n in ((0, 0), (42, 3), (999_999, 10 ** 6)):
+        assert data.mixed_seed(seed, n) == longjob.mixed_seed(seed, n)
 
 
 def test_step_batches():
-    assert gift.step_batches(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert data.step_batches(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]
 
 
 @pytest.mark.parametrize("n, world_size, micro_batch, accum",
@@ -328,9 +334,9 @@ def test_sharding_covers_epoch_once(n, world_size, micro_batch, accum):
     global_batch = world_size * micro_batch * accum
     for epoch in range(2):
         seen = []
-        for step in gift.step_batches(gift.epoch_order(n, epoch, seed=0), global_batch):
-            per_rank = [gift.rank_micro_batches(step, r, world_size, micro_batch, accum) for r in range(world_size)]
-            single = gift.rank_micro_batches(step, 0, 1, world_size * micro_batch, accum)
+        for step in data.step_batches(data.epoch_order(n, epoch, seed=0), global_batch):
+            per_rank = [data.rank_micro_batches(step, r, world_size, micro_batch, accum) for r in range(world_size)]
+            single = data.rank_micro_batches(step, 0, 1, world_size * micro_batch, accum)
             for j in range(accum):
                 # the union over ranks of micro-batch j is the single-process micro-batch j, in rank order
                 assert sum((per_rank[r][j] for r in range(world_size)), []) == single[j]
@@ -344,13 +350,13 @@ def test_sharding_covers_epoch_once(n, world_size, micro_batch, accum):
 
 def test_sharding_end_of_epoch_has_empty_micro_batches():
     # 9 examples, global batch 8: the last step is one example, so rank 1 gets two empty micro-batches
-    last = gift.step_batches(gift.epoch_order(9, 0, seed=0), 8)[-1]
-    assert gift.rank_micro_batches(last, 0, 2, 2, 2) == [last, []]
-    assert gift.rank_micro_batches(last, 1, 2, 2, 2) == [[], []]
+    last = data.step_batches(data.epoch_order(9, 0, seed=0), 8)[-1]
+    assert data.rank_micro_batches(last, 0, 2, 2, 2) == [last, []]
+    assert data.rank_micro_batches(last, 1, 2, 2, 2) == [[], []]
     with pytest.raises(ValueError, match="does not fit"):
-        gift.rank_micro_batches(list(range(9)), 0, 2, 2, 2)
+        data.rank_micro_batches(list(range(9)), 0, 2, 2, 2)
     with pytest.raises(ValueError, match="rank 2"):
-        gift.rank_micro_batches(last, 2, 2, 2, 2)
+        data.rank_micro_batches(last, 2, 2, 2, 2)
 
 
 # -----------------------------------------------------------------------------

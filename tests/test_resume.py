@@ -17,8 +17,9 @@ from conftest import REPO, ROWS, final_weights, latest, metrics, train_args, wri
 
 import gift
 import longjob
-from data import load_dataset, load_tokenizer
-from gift import collate, epoch_order, first_pass_betas, main, rank_micro_batches, step_batches
+from data import (Split, collate, epoch_order, load_dataset, load_tokenizer, rank_micro_batches, step_batches,
+                  step_micro_batches)
+from gift import first_pass_betas, main
 from on_model import model_betas, model_loss, model_objective
 from model import LLaDA
 
@@ -378,14 +379,19 @@ def test_metrics_are_strict_json_and_pool_betas_over_micro_batches():
     json.dumps(record, allow_nan=False)
 
 
+def micro_batches(*args, **kwargs):
+    """data.step_micro_batches' micro-batches as the loop wraps them, gift.MicroBatches."""
+    return [gift.MicroBatch(**fields) for fields in step_micro_batches(*args, **kwargs)]
+
+
 def test_train_step_counts_every_micro_batch(base):
     """The step's statistics sum over all micro-batches (and ranks): rows, masked and answer tokens, and the betas of
     the entropy pass, checked against the first pass and objective_batch run on their own."""
     model = LLaDA.from_pretrained(base / "model")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     examples, _ = load_dataset(base / "data.jsonl", load_tokenizer(base / "model"))
-    batches = gift.step_micro_batches(examples, list(range(7)), 0, gift.Split(0, 1, 3, 3), model.config.pad_token_id,
-                                      torch.device("cpu"), seed=1)
+    batches = micro_batches(examples, list(range(7)), 0, Split(0, 1, 3, 3), model.config.pad_token_id,
+                            torch.device("cpu"), seed=1)
     assert [len(b.input_ids) for b in batches] == [3, 2, 2]
     expected = dict(n_rows=7.0, n_masked=0.0, n_answer=0.0, beta_sum=0.0, beta_n=0.0)
     for b in batches:
@@ -403,8 +409,8 @@ def test_train_step_counts_every_micro_batch(base):
     # a step shorter than the accumulation: zero-weight dummies fill the empty micro-batches and change nothing
     def step(accum):
         model = LLaDA.from_pretrained(base / "model")
-        batches = gift.step_micro_batches(examples, [5], 0, gift.Split(0, 1, 1, accum), model.config.pad_token_id,
-                                          torch.device("cpu"), seed=1)
+        batches = micro_batches(examples, [5], 0, Split(0, 1, 1, accum), model.config.pad_token_id,
+                                torch.device("cpu"), seed=1)
         result = gift.train_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), batches, "gift")
         return [b.real for b in batches], result, model.state_dict()
     (real1, result1, weights1), (real3, result3, weights3) = step(1), step(3)
@@ -420,8 +426,7 @@ def test_a_step_over_micro_batches_is_the_loss_of_the_whole_batch(base, loss_nam
     on the 7 rows at once (its own normaliser), the same noise drawn from the rows' generators."""
     examples, _ = load_dataset(base / "data.jsonl", load_tokenizer(base / "model"))
     pad = LLaDA.from_pretrained(base / "model").config.pad_token_id
-    batches = gift.step_micro_batches(examples, list(range(7)), 0, gift.Split(0, 1, 3, 3), pad, torch.device("cpu"), seed=1,
-                                      pad_to=64)
+    batches = micro_batches(examples, list(range(7)), 0, Split(0, 1, 3, 3), pad, torch.device("cpu"), seed=1, pad_to=64)
     ids = torch.cat([b.input_ids for b in batches])
     answer_mask = torch.cat([b.answer_mask for b in batches])
     generators = [torch.Generator().set_state(g.get_state()) for b in batches for g in b.generators]
