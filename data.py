@@ -10,6 +10,7 @@ answer (they are noised and trained on, as in LLaDA's SFT, so the model learns w
 
 import argparse
 import array
+import functools
 import hashlib
 import json
 import re
@@ -572,10 +573,12 @@ def data_fingerprint(examples):
 # Batches: each epoch's order and steps, each step split over ranks and micro-batches, each example's noise
 
 
+SEED_MIX = 1_000_003  # a prime: seed * SEED_MIX + n seeds draw stream n (an epoch, an item) under a user's seed
+
+
 def mixed_seed(seed, n):
-    """longjob.mixed_seed, copied so that data.py imports no machinery (a test pins the two equal): the generator seed
-    of draw stream `n` (an epoch's order and noise) under a user's `seed`."""
-    return seed * 1_000_003 + n
+    """The generator seed of draw stream `n` (an epoch's order, an eval item's noise) under a user's `seed`."""
+    return seed * SEED_MIX + n
 
 
 def collate(examples, pad_id, pad_to=None):

@@ -37,10 +37,10 @@ import torch
 from cached_sample import generate_with_options
 from data import (EOT, IM_END, SUDOKU_TASK_PROMPT, BadRow, chat_format, chat_prompt, check_chat_tokens,
                   check_mask_token, data_text, encode, file_lines, json_object, load_tokenizer, mask_in_text,
-                  read_data_file, unencodable_characters)
+                  mixed_seed, read_data_file, unencodable_characters)
 from longjob import (SEED_RULE, SEEDS, adapter_fingerprint, add_dtype_flag, add_model_flags, append_records,
                      broadcast_object, check_summary, compute_dtype, end_distributed, folder_fingerprint,
-                     gather_objects, hms, load_weights, mixed_seed, open_output, rank_and_world, read_records,
+                     gather_objects, hms, load_weights, open_output, rank_and_world, read_records,
                      run_command_line, seconds_left, setup_distributed)
 from model import GENERATION_DEFAULTS, atomic_write_text, read_config, unwrap
 from sample import (SamplerOptions, add_sampler_flags, check_step_count, left_padded, options_from_flags, resolve_model,

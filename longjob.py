@@ -63,15 +63,9 @@ def setup_distributed(group_of_one=False):
     return rank, world, device
 
 
-SEED_MIX = 1_000_003  # a prime: seed * SEED_MIX + n seeds draw stream n (an epoch, an item) under a user's seed
 # Every command line's seed rule: seeds derived (largest: mixed_seed(seed, epoch) * 10_000_019 + index) fit in 64 bits
 SEEDS = range(1_000_000)
 SEED_RULE = "in [0, 1000000) (every generator seed derived from it fits in 64 bits)"
-
-
-def mixed_seed(seed, n):
-    """The generator seed of draw stream `n` (an epoch's order, an eval item's noise) under a user's `seed`."""
-    return seed * SEED_MIX + n
 
 
 def end_distributed():
