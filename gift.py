@@ -3,6 +3,11 @@
     torchrun --nproc_per_node 8 gift.py --model LLaDA-8B-Instruct --data s1k.jsonl --lora   # the paper's recipes
     python gift.py                 # the embedded default: a tiny LLaDA learns 4x4 Sudoku on the CPU, then is evaluated
 
+The file reads in two parts. Part I, GIFT itself (Theorem 1, Algorithms 1-2, the objectives, the loss): tensors in,
+tensors out, only math and torch, to copy next to any LLaDA. Part II, training: gift_loss (GIFT's whole step once,
+plainly: the function to port), the options, the model on its devices, one optimizer step (train_step), the loop
+(train), main; its bookkeeping is calls into longjob.py, the embedded default's task embedded.py.
+
 Every objective in the paper is ONE estimator of the weighted loss of Theorem 1 (eq. 10):
 
     L = sum_i E[ 1[x_t^i = M] * w_i * -log p(x0^i | x_t) ]
@@ -303,9 +308,8 @@ from longjob import (DTYPES, EXPORTED, SEED_RULE, SEEDS, CheckpointManager, Expo
                      banner, compute_device, compute_dtype, describe_data, end_distributed, folder_fingerprint,
                      gather_objects, is_rank0, is_sharded, load_weights, not_a_model_folder,
                      parse_dataclass_flags, print0, rank_and_world, run_command_line, run_folder, setup_distributed)
-from model import (LINEARS, LORA, LORA_TARGETS, LLaDA, LLaDAConfig, add_lora, atomic_write_text, check_fields,
-                   check_config_against_weights, load_weight_rows, lora_disabled, lora_layers, predicting_hidden,
-                   stored_dtype, unwrap)
+from model import (LINEARS, LLaDA, LORA, LORA_TARGETS, add_lora, atomic_write_text, check_fields, load_weight_rows,
+                   lora_disabled, lora_layers, predicting_hidden, read_config, stored_dtype, unwrap)
 
 # ---------------------------------------------------------------------------------------------------------------------
 # GIFT's step once, plainly: what train_step computes, for one batch on one process, in a dozen lines
@@ -825,8 +829,7 @@ def load_inputs(opts, rank, dtype):
     tokenizer and the tokenised data, or the embedded task. Prints the data's summary."""
     if not opts.model:  # a tiny LLaDA from the seed, its Sudoku puzzles and files (embedded.py)
         return RunInputs(**embedded.embedded_inputs(opts, rank, dtype, save_dtype(opts.save_dtype, torch.float32)))
-    config = LLaDAConfig.from_json(Path(opts.model) / "config.json")
-    check_config_against_weights(opts.model, config)  # from the safetensors headers, before anything is built
+    config = read_config(opts.model)  # checked against the safetensors headers, before anything is built
     if opts.max_len > (n := config.max_sequence_length):  # longer than the base was trained on
         print0(f"warning: --max-len {opts.max_len} exceeds the model's max_sequence_length {n} "
                f"({Path(opts.model) / 'config.json'}); using --max-len {n}")
