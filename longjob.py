@@ -326,7 +326,7 @@ def check_adapter(folder, adapter):
                          "base with this adapter already folded in, so it would be applied twice; drop --adapter, or "
                          "give the base model with it")
     record = adapter_dir / ADAPTER_BASE
-    then = json_or_empty(record).get("base_fingerprint")  # save_adapter's record of the base
+    then = adapter_base(record)  # save_adapter's record of the base
     if not then:  # saved without it (PEFT's own, an older one): its gift.py checkpoint's, if it sits in one
         try:
             meta, record = json.loads((checkpoint / "trainer.json").read_text()), checkpoint / "trainer.json"
@@ -337,6 +337,21 @@ def check_adapter(folder, adapter):
         raise ValueError(f"--adapter {adapter}: trained on a base model with fingerprint {then} ({record}), but "
                          f"{folder} has fingerprint {now}: another model (a merged export, another base, or one "
                          "replaced or retrained into the same path); give the base it was trained on")
+
+
+def adapter_base(record):
+    """The base fingerprint in an adapter's ADAPTER_BASE, None where there is none (PEFT's own adapter): one that
+    exists but cannot be read (not JSON, not save_adapter's object, a FIFO) is a ValueError naming it, never "none"."""
+    if not os.path.lexists(record):
+        return None
+    hint = ": save_adapter's record of the adapter's base is damaged; copy it again from the adapter's checkpoint"
+    try:
+        then = read_json(record).get("base_fingerprint")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{e}{hint}") from None
+    if not isinstance(then, str) or not then:
+        raise ValueError(f"{record}: no base_fingerprint string{hint}")
+    return then
 
 
 # ---------------------------------------------------------------------------------------------------------------------

