@@ -1396,6 +1396,15 @@ def not_records(path, n):
                       "names the summary .json, and its .jsonl beside it must be eval.py's: use another --out")
 
 
+RECORD_HEAD = b'{"index": 0, "seed": 0, "'  # how a record's line begins (eval.graded_records' first fields), numbers 0
+
+
+def torn_record(line):
+    """Whether a last line without its line break begins as a record does (a kill mid-write), not as a user's line."""
+    line = re.sub(rb"\d+", b"0", line)
+    return RECORD_HEAD.startswith(line) or line.startswith(RECORD_HEAD)
+
+
 def check_records(path):
     """A ValueError unless `path` is absent or eval.py's records: its first line a whole record (append_records creates
     the file with its first batch, whole), so that a user's file is never taken for a torn one, or written."""
@@ -1411,7 +1420,7 @@ def check_records(path):
 def read_records(path, settings):
     """Rank 0: the records an earlier run of this command left in `path` (JSON lines), {(seed, index): record}, refused
     unless made with `settings` and, where both have them, the same FINGERPRINTS; a torn last line (a kill mid-write:
-    no line break) is cut off."""
+    no line break, the start of a record: torn_record) is cut off, any other makes the file not eval.py's."""
     if path is None:
         print("no --out: the generations are not saved, and an interrupted run cannot continue", flush=True)
         return {}
@@ -1422,6 +1431,8 @@ def read_records(path, settings):
         lines = f.readlines()
     for n, line in enumerate(lines, 1):
         if 1 < n == len(lines) and not line.endswith(b"\n"):  # torn by a kill: cut off, the batch is generated again
+            if not torn_record(line):  # a user's note, say: not ours to cut
+                raise not_records(path, n)
             os.truncate(path, sum(map(len, lines[:-1])))
             break
         record = parse_record(line)

@@ -39,3 +39,41 @@ def test_a_damaged_adapter_base_record_is_refused_naming_it(adapter, damaged):
     assert str(folder / ADAPTER_BASE) in str(err.value) and "\n" not in str(err.value)
     (folder / ADAPTER_BASE).unlink()  # no record at all (PEFT's own adapter): not checked, as before
     longjob.check_adapter(base, folder)
+
+
+# -----------------------------------------------------------------------------
+# item 8: only a last line that begins like a record is a torn one; a user's note there is refused, never cut away
+
+SETTINGS = {"task": "gsm8k", "gen_length": 64, "model": "m"}
+
+
+def records_file(path):
+    """Two records as eval.py writes them (graded_records' fields, longjob.append_records' lines): the file, a line."""
+    lock = longjob.append_records(path, [dict(index=0, seed=0, question="q", generation="5", correct=True)], SETTINGS)
+    lock.close()
+    return path, (
+        '{"index": 12, "seed": 3, "question": "q 7", "generation": "5", "correct": false, "settings": '
+        '{"task": "gsm8k", "gen_length": 64, "model": "m"}}\n').encode()
+
+
+def test_a_torn_record_is_cut_at_every_byte(tmp_path):
+    """A kill mid-write leaves any prefix of a record's line (no line break): cut off, the rest kept (as before)."""
+    path, line = records_file(tmp_path / "r.jsonl")
+    whole = path.read_bytes()
+    for k in range(1, len(line)):
+        path.write_bytes(whole + line[:k])
+        assert list(longjob.read_records(path, SETTINGS)) == [(0, 0)], line[:k]
+        assert path.read_bytes() == whole
+
+
+@pytest.mark.parametrize("note", [b"my note: rerun with --limit 16", b"# greedy, 8 items", b"[1, 2]", b"{ note }"])
+def test_a_users_note_as_the_last_line_is_refused_untouched(tmp_path, note):
+    """Cut away as a torn record before; now the file is not eval.py's records: one line naming it, nothing changed."""
+    path, _ = records_file(tmp_path / "r.jsonl")
+    path.write_bytes(path.read_bytes() + note)
+    before = path.read_bytes()
+    with pytest.raises(ValueError) as err:
+        longjob.read_records(path, SETTINGS)
+    assert f"{path}, line 2: not an eval.py records file" in str(err.value) and "\n" not in str(err.value)
+    assert path.read_bytes() == before
+
