@@ -41,8 +41,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 
 from adapters import ADAPTER_BASE, load_adapter, read_adapter_config, save_adapter
-from model import (GENERATION_DEFAULTS, LLaDA, atomic_write_text, merge_lora, merged_state_dict, read_json, unwrap,
-                   weight_files)
+from model import (GENERATION_DEFAULTS, LLaDA, atomic_write_text, merge_lora, merged_state_dict, open_regular,
+                   read_json, unwrap, weight_files)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -329,7 +329,7 @@ def check_adapter(folder, adapter):
     then = adapter_base(record)  # save_adapter's record of the base
     if not then:  # saved without it (PEFT's own, an older one): its gift.py checkpoint's, if it sits in one
         try:
-            meta, record = json.loads((checkpoint / "trainer.json").read_text()), checkpoint / "trainer.json"
+            meta, record = read_json(checkpoint / "trainer.json"), checkpoint / "trainer.json"
             then = meta["options"]["model"] and meta["fingerprints"]["model"]  # the embedded task's base: in memory
         except (OSError, ValueError, KeyError, TypeError):
             return  # nothing recorded to compare with
@@ -599,7 +599,7 @@ def not_ours(out):
     if (out / "latest").is_file() and checkpoint_step((out / "latest").read_text()[:64].removesuffix("\n")) is None:
         foreign.append(str(out / "latest"))
     if (out / "metrics.jsonl").is_file():
-        with open(out / "metrics.jsonl", "rb") as f:
+        with open_regular(out / "metrics.jsonl") as f:
             first = f.readline()
         if first and not first.startswith(b'{"step": '):
             foreign.append(str(out / "metrics.jsonl"))
@@ -895,7 +895,7 @@ def listed_files(folder):
     if not os.path.lexists(folder / MANIFEST):
         return set() if json_or_empty(folder / "trainer.json").get("manifest") == MANIFEST else None
     with contextlib.suppress(OSError, ValueError):
-        names = None if (folder / MANIFEST).is_symlink() else json.loads((folder / MANIFEST).read_text())
+        names = None if (folder / MANIFEST).is_symlink() else read_json(folder / MANIFEST, object_only=False)
         if isinstance(names, list) and all(isinstance(name, str) for name in names):
             return {MANIFEST, *names}
     return set()
@@ -1122,7 +1122,7 @@ def checkpoint_problem(ckpt):
         if not (ckpt / part).is_file():
             return f"{part} is missing"
     try:
-        meta = json.loads((ckpt / "trainer.json").read_text())
+        meta = read_json(ckpt / "trainer.json")
         step = TrainState(**meta["state"]).step
         meta["options"], meta["fingerprints"], meta["world_size"]
     except (ValueError, KeyError, TypeError) as e:
@@ -1169,7 +1169,7 @@ def resume_candidates(out):
 def check_resumable(ckpt, opts, world, inputs, aliases=None):
     """Refuse to continue checkpoint `ckpt` with other options, another number of processes, other data or another
     base model, saying what changed. An "auto" option and the value it resolved to are the same option."""
-    fingerprints, meta = inputs.fingerprints, json.loads((ckpt / "trainer.json").read_text())
+    fingerprints, meta = inputs.fingerprints, read_json(ckpt / "trainer.json")
     if (then := meta["world_size"]) != world:  # first: with the embedded task --batch-size derives from it
         command = "python gift.py" if then == 1 else f"torchrun --nproc_per_node {then} gift.py"
         raise ValueError(f"--resume: {ckpt} was written by {then} process{'es' if then > 1 else ''}, this is {world}: "
@@ -1221,7 +1221,9 @@ def truncate_metrics(path, step):
     if not path.exists():
         return
     kept = []
-    for line in path.read_text().splitlines():
+    with open_regular(path) as f:
+        text = f.read().decode()
+    for line in text.splitlines():
         with contextlib.suppress(ValueError, KeyError, TypeError):
             if json.loads(line)["step"] <= step:
                 kept.append(line + "\n")
@@ -1411,7 +1413,7 @@ def check_records(path):
     if path.exists():
         first = b""
         if path.is_file():  # a FIFO would never end
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
                 first = f.readline(1 << 26)
         if parse_record(first) is None:
             raise not_records(path, 1)
@@ -1427,7 +1429,7 @@ def read_records(path, settings):
     if not path.exists():
         return {}
     records = {}
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO: refused, never read
         lines = f.readlines()
     for n, line in enumerate(lines, 1):
         if 1 < n == len(lines) and not line.endswith(b"\n"):  # torn by a kill: cut off, the batch is generated again

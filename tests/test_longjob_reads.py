@@ -77,3 +77,48 @@ def test_a_users_note_as_the_last_line_is_refused_untouched(tmp_path, note):
     assert f"{path}, line 2: not an eval.py records file" in str(err.value) and "\n" not in str(err.value)
     assert path.read_bytes() == before
 
+
+# -----------------------------------------------------------------------------
+# item 10: a FIFO where a JSON or JSONL file is read is refused (model.open_regular), never read (it would block)
+
+FIFO_CALLS = {  # each in a process of its own, which a blocked read cannot hang the suite with
+    "eval.py --out": "import argparse, longjob; longjob.open_output(argparse.ArgumentParser(), argparse.Namespace("
+                     "out=FIFO, data=None, shot_data=None))",
+    "harness.py --out": "import harness; harness.check_harness_out(Path(FIFO))",
+    "records": "import longjob; longjob.read_records(Path(FIFO), {})",
+    "read_json": "import model; model.read_json(FIFO)",
+    "json_or_empty": "import longjob; assert longjob.json_or_empty(FIFO) == {}",
+}
+
+
+def run_on_fifo(code, fifo, timeout=120):
+    """`code` run with FIFO naming a FIFO no one writes to: (exit status, stderr), or a failure if it blocked."""
+    script = f"import sys; from pathlib import Path; FIFO = {str(fifo)!r}; sys.path.insert(0, {str(REPO)!r}); {code}"
+    try:
+        done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"blocked on the FIFO {fifo} for {timeout} s: {code}")
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("what", FIFO_CALLS)
+def test_a_fifo_is_refused_before_it_is_read(tmp_path, what):
+    """Each read returns at once: a refusal (one line naming the file), or json_or_empty's "no such record"."""
+    fifo = tmp_path / ("r.jsonl" if what == "records" else "out.json")
+    os.mkfifo(fifo)
+    status, said = run_on_fifo(FIFO_CALLS[what], fifo)
+    if what == "json_or_empty":
+        assert status == 0, said
+    else:
+        assert status != 0 and str(fifo) in said.strip().splitlines()[-1], said
+
+
+def test_an_adapter_base_record_that_is_a_fifo_is_refused(adapter):
+    """check_adapter blocked on a FIFO at adapter_base.json; now it is refused as a record that cannot be read."""
+    base, folder = adapter
+    (folder / ADAPTER_BASE).unlink()
+    os.mkfifo(folder / ADAPTER_BASE)
+    status, said = run_on_fifo(f"import longjob; longjob.check_adapter({str(base)!r}, {str(folder)!r})",
+                               folder / ADAPTER_BASE)
+    assert status != 0 and "ValueError" in said and f"{folder / ADAPTER_BASE}: not a regular file" in said, said
