@@ -1,7 +1,8 @@
 """LLaDA, the bidirectional masked-diffusion transformer, written from scratch, plus a hand-rolled LoRA.
 
-Module names follow the official checkpoint (`model.transformer.blocks.0.q_proj.weight`, ...): real LLaDA-8B folders
-load with no renaming table. The architecture (pinned by tests/golden: vectors of github.com/ML-GSAI/LLaDA's code):
+Module names follow the official checkpoint (`model.transformer.blocks.0.q_proj.weight`, ...) so that real
+LLaDA-8B folders load with no renaming table. The architecture (pinned by the official code's golden vectors in
+tests/golden, github.com/ML-GSAI/LLaDA's Hugging Face modeling_llada.py):
     x = wte(ids)                                                       # no scaling, no position table
     per block:  h = x + attn_out(Attn(RoPE(q_proj(n)), RoPE(k_proj(n)), v_proj(n))),  n = attn_norm(x)
                 x = h + ff_out(silu(ff_proj(m)) * up_proj(m)),                         m = ff_norm(h)
@@ -10,7 +11,8 @@ Attention is full (non-causal): every token sees every non-padding token.
 
 The same transformer runs Dream-v0 (github.com/HKUNLP/Dream: Qwen2.5 made bidirectional, model_type "Dream"): a Family
 field (FAMILIES) carries each difference, never a second copy of a block; Qwen's field and key names are translated at
-every file boundary (DREAM_FIELDS, DREAM_MODULES), and its logits at i - 1 predict token i, left to the caller."""
+every file boundary (DREAM_FIELDS, DREAM_MODULES), and its logits at i - 1 predict token i, left to the caller.
+"""
 
 import collections
 import contextlib
@@ -248,7 +250,8 @@ class RMSNorm(nn.Module):
 
 
 def rope_cos_sin(L, head_dim, theta, device, positions=None):
-    """RoPE's float32 cos, sin (rotate-half layout): (L, hd) at positions 0 .. L - 1, or (B, 1, L, hd) at (B, L)."""
+    """RoPE's cos, sin over the whole head_dim (rotate-half layout) in float32: (L, head_dim) for positions 0 .. L - 1,
+    or (B, 1, L, head_dim) for `positions` (B, L)."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
     if positions is None:
         angles = torch.outer(torch.arange(L, device=device, dtype=torch.float32), inv_freq)  # (L, head_dim/2)
@@ -286,8 +289,9 @@ class Block(nn.Module):
         self.ff_out = nn.Linear(cfg.mlp_hidden_size, D, bias=False)
 
     def forward(self, x, rope, key_mask, kv=None):
-        """x (B, S, D); rope (S, hd) or (B, 1, S, hd), complex cos + i sin (why: LLaDA.forward); key_mask None or (B,
-        1, 1 or S, L) bool, True = visible. kv: None, or this block's `cache` (LLaDA.forward): kv(q, k, v, key_mask)."""
+        """x (B, S, D); rope (S, hd) or (B, 1, S, hd) complex, cos + i sin of these positions (LLaDA.forward says why
+        complex); key_mask None or (B, 1, 1 or S, L) bool, True = may be attended to. kv: None, or this block's
+        key/value cache (LLaDA.forward's `cache`): kv(q, k, v, key_mask) -> the keys and values to attend to."""
         B, L, D = x.shape
         cos, sin = rope.real, rope.imag  # (L, hd) or (B, 1, L, hd) float32
         n = self.attn_norm(x)
@@ -385,18 +389,20 @@ class LLaDA(nn.Module):
         return self
 
     def forward(self, input_ids, attention_mask=None, return_hidden=False, position_ids=None, cache=None):
-        """input_ids (B, L); attention_mask (B, L), 0 = padding (seen by no query; on Dream a padding query sees no
-        key either, as in its official code); position_ids (B, L), RoPE's (default 0 .. L - 1). Returns logits (B, L, V)
-        aligned as the official model's (predicts_shifted), or with return_hidden the states after ln_f (B, L, D). cache
-        (inference): a sampler's KV cache (cached_sample.KVCache, as gpt-fast's): input_ids are positions cache.start
-        .. cache.start + L - 1 of cache.length tokens (mask, positions: all); block i attends through cache.layer(i)."""
+        """input_ids (B, L); attention_mask (B, L), 1 = real token, 0 = padding (hidden from every query; for Dream a
+        padding query also sees no key, as its official code); position_ids (B, L), RoPE's (default 0 .. L - 1).
+        Returns logits (B, L, V) aligned as the official model's (predicts_shifted), or with return_hidden the states
+        after ln_f (B, L, D). cache (inference): a sampler's key/value cache (cached_sample.KVCache, as gpt-fast's):
+        input_ids are then positions cache.start .. cache.start + L - 1 of cache.length tokens (the mask and positions
+        cover all of them); block i attends through cache.layer(i)."""
         tr = self.model.transformer
         B, L = input_ids.shape
         x = tr.wte(input_ids)  # (B, L, D)
         start, L_all = (0, L) if cache is None else (cache.start, cache.length or L)
         cos, sin = rope_cos_sin(L_all, self.config.head_dim, self.config.rope_theta, x.device, position_ids)
-        # one complex tensor for this span's positions: FSDP2's mixed precision casts a block's float inputs to bf16,
-        # rounding the cos and sin the official code keeps in float32; a complex one is not cast (tests/test_bf16.py)
+        # one complex tensor, (L, hd) (or (B, 1, L, hd)) for this span's positions: FSDP2's mixed precision casts a
+        # block's floating-point inputs to bf16, which would round the cos and sin tables that the official code keeps
+        # in float32; a complex tensor is not cast (tests/test_bf16.py shows both)
         rope = torch.complex(cos, sin)[..., start:start + L, :]
         key_mask = None
         if attention_mask is not None and not bool(attention_mask.all()):
@@ -626,7 +632,8 @@ class LoRALinear(nn.Module):
         self.r, self.alpha, self.use_rslora = r, alpha, use_rslora
         self.scaling = alpha / math.sqrt(r) if use_rslora else alpha / r  # rsLoRA: PEFT's use_rslora
         dev = base.weight.device
-        # A drawn on the generator's device (a CPU one cannot fill a GPU tensor), then moved: a seed's A on any device
+        # A is drawn on the generator's device (a CPU generator cannot fill a GPU tensor), then moved: the same
+        # seed gives the same adapter on every device
         A = torch.empty(r, self.in_features, dtype=torch.float32, device=dev if generator is None else generator.device)
         nn.init.kaiming_uniform_(A, a=math.sqrt(5), generator=generator)  # as PEFT
         self.lora_A = nn.Parameter(A.to(dev))
@@ -835,8 +842,9 @@ def atomic_write_text(path, text):
 
 @contextlib.contextmanager
 def atomic_folder(path, own=None):
-    """Yield a fresh folder beside `path` to write into; on success renamed to a new `path`, or moved into the old one
-    file by file (each whole, JSON last) after its files matching regex `own` not replaced go; others stay (as HF's)."""
+    """Yield a fresh folder beside `path` to write into; on success renamed to a new `path`, or its files moved into the
+    old one, each replacing its namesake whole (JSON last), after those matching the regex `own` it does not replace
+    are deleted; other files are left alone, as by HF's save_pretrained."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
