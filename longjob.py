@@ -41,8 +41,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_state_dict)
 
 from adapters import ADAPTER_BASE, load_adapter, read_adapter_config, save_adapter
-from model import (GENERATION_DEFAULTS, LLaDA, atomic_write_text, merge_lora, merged_state_dict, read_json, unwrap,
-                   weight_files)
+from model import (GENERATION_DEFAULTS, LLaDA, atomic_write_text, merge_lora, merged_state_dict, open_regular,
+                   read_json, unwrap, weight_files)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -326,10 +326,10 @@ def check_adapter(folder, adapter):
                          "base with this adapter already folded in, so it would be applied twice; drop --adapter, or "
                          "give the base model with it")
     record = adapter_dir / ADAPTER_BASE
-    then = json_or_empty(record).get("base_fingerprint")  # save_adapter's record of the base
+    then = adapter_base(record)  # save_adapter's record of the base
     if not then:  # saved without it (PEFT's own, an older one): its gift.py checkpoint's, if it sits in one
         try:
-            meta, record = json.loads((checkpoint / "trainer.json").read_text()), checkpoint / "trainer.json"
+            meta, record = read_json(checkpoint / "trainer.json"), checkpoint / "trainer.json"
             then = meta["options"]["model"] and meta["fingerprints"]["model"]  # the embedded task's base: in memory
         except (OSError, ValueError, KeyError, TypeError):
             return  # nothing recorded to compare with
@@ -337,6 +337,21 @@ def check_adapter(folder, adapter):
         raise ValueError(f"--adapter {adapter}: trained on a base model with fingerprint {then} ({record}), but "
                          f"{folder} has fingerprint {now}: another model (a merged export, another base, or one "
                          "replaced or retrained into the same path); give the base it was trained on")
+
+
+def adapter_base(record):
+    """The base fingerprint in an adapter's ADAPTER_BASE, None where there is none (PEFT's own adapter): one that
+    exists but cannot be read (not JSON, not save_adapter's object, a FIFO) is a ValueError naming it, never "none"."""
+    if not os.path.lexists(record):
+        return None
+    hint = ": save_adapter's record of the adapter's base is damaged; copy it again from the adapter's checkpoint"
+    try:
+        then = read_json(record).get("base_fingerprint")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{e}{hint}") from None
+    if not isinstance(then, str) or not then:
+        raise ValueError(f"{record}: no base_fingerprint string{hint}")
+    return then
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -584,7 +599,7 @@ def not_ours(out):
     if (out / "latest").is_file() and checkpoint_step((out / "latest").read_text()[:64].removesuffix("\n")) is None:
         foreign.append(str(out / "latest"))
     if (out / "metrics.jsonl").is_file():
-        with open(out / "metrics.jsonl", "rb") as f:
+        with open_regular(out / "metrics.jsonl") as f:
             first = f.readline()
         if first and not first.startswith(b'{"step": '):
             foreign.append(str(out / "metrics.jsonl"))
@@ -880,7 +895,7 @@ def listed_files(folder):
     if not os.path.lexists(folder / MANIFEST):
         return set() if json_or_empty(folder / "trainer.json").get("manifest") == MANIFEST else None
     with contextlib.suppress(OSError, ValueError):
-        names = None if (folder / MANIFEST).is_symlink() else json.loads((folder / MANIFEST).read_text())
+        names = None if (folder / MANIFEST).is_symlink() else read_json(folder / MANIFEST, object_only=False)
         if isinstance(names, list) and all(isinstance(name, str) for name in names):
             return {MANIFEST, *names}
     return set()
@@ -1107,7 +1122,7 @@ def checkpoint_problem(ckpt):
         if not (ckpt / part).is_file():
             return f"{part} is missing"
     try:
-        meta = json.loads((ckpt / "trainer.json").read_text())
+        meta = read_json(ckpt / "trainer.json")
         step = TrainState(**meta["state"]).step
         meta["options"], meta["fingerprints"], meta["world_size"]
     except (ValueError, KeyError, TypeError) as e:
@@ -1154,7 +1169,7 @@ def resume_candidates(out):
 def check_resumable(ckpt, opts, world, inputs, aliases=None):
     """Refuse to continue checkpoint `ckpt` with other options, another number of processes, other data or another
     base model, saying what changed. An "auto" option and the value it resolved to are the same option."""
-    fingerprints, meta = inputs.fingerprints, json.loads((ckpt / "trainer.json").read_text())
+    fingerprints, meta = inputs.fingerprints, read_json(ckpt / "trainer.json")
     if (then := meta["world_size"]) != world:  # first: with the embedded task --batch-size derives from it
         command = "python gift.py" if then == 1 else f"torchrun --nproc_per_node {then} gift.py"
         raise ValueError(f"--resume: {ckpt} was written by {then} process{'es' if then > 1 else ''}, this is {world}: "
@@ -1206,7 +1221,9 @@ def truncate_metrics(path, step):
     if not path.exists():
         return
     kept = []
-    for line in path.read_text().splitlines():
+    with open_regular(path) as f:
+        text = f.read().decode()
+    for line in text.splitlines():
         with contextlib.suppress(ValueError, KeyError, TypeError):
             if json.loads(line)["step"] <= step:
                 kept.append(line + "\n")
@@ -1381,13 +1398,22 @@ def not_records(path, n):
                       "names the summary .json, and its .jsonl beside it must be eval.py's: use another --out")
 
 
+RECORD_HEAD = b'{"index": 0, "seed": 0, "'  # how a record's line begins (eval.graded_records' first fields), numbers 0
+
+
+def torn_record(line):
+    """Whether a last line without its line break begins as a record does (a kill mid-write), not as a user's line."""
+    line = re.sub(rb"\d+", b"0", line)
+    return RECORD_HEAD.startswith(line) or line.startswith(RECORD_HEAD)
+
+
 def check_records(path):
     """A ValueError unless `path` is absent or eval.py's records: its first line a whole record (append_records creates
     the file with its first batch, whole), so that a user's file is never taken for a torn one, or written."""
     if path.exists():
         first = b""
         if path.is_file():  # a FIFO would never end
-            with open(path, "rb") as f:
+            with open_regular(path) as f:
                 first = f.readline(1 << 26)
         if parse_record(first) is None:
             raise not_records(path, 1)
@@ -1396,17 +1422,19 @@ def check_records(path):
 def read_records(path, settings):
     """Rank 0: the records an earlier run of this command left in `path` (JSON lines), {(seed, index): record}, refused
     unless made with `settings` and, where both have them, the same FINGERPRINTS; a torn last line (a kill mid-write:
-    no line break) is cut off."""
+    no line break, the start of a record: torn_record) is cut off, any other makes the file not eval.py's."""
     if path is None:
         print("no --out: the generations are not saved, and an interrupted run cannot continue", flush=True)
         return {}
     if not path.exists():
         return {}
     records = {}
-    with open(path, "rb") as f:
+    with open_regular(path) as f:  # a FIFO: refused, never read
         lines = f.readlines()
     for n, line in enumerate(lines, 1):
         if 1 < n == len(lines) and not line.endswith(b"\n"):  # torn by a kill: cut off, the batch is generated again
+            if not torn_record(line):  # a user's note, say: not ours to cut
+                raise not_records(path, n)
             os.truncate(path, sum(map(len, lines[:-1])))
             break
         record = parse_record(line)

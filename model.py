@@ -798,13 +798,21 @@ def check_fields(obj, said):
 # Files: JSON read with one-line errors; atomic writes (a crash mid-write leaves the old file); generation defaults
 
 
+def open_regular(path):
+    """`path` opened to read bytes; a ValueError unless a regular file: a FIFO would block a read, a device not end."""
+    if os.path.exists(path) and not os.path.isfile(path):  # and one swapped in after this opens without blocking
+        raise ValueError(f"{path}: not a regular file (a FIFO, a device or a folder): not read")
+    return open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")
+
+
 def read_json(path, hint="", object_only=True):
     """The JSON object (not object_only: any value) in the file `path`, else one line saying where it breaks + hint."""
-    try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        where = f"line {e.lineno}, column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else e
-        raise ValueError(f"{path}: not valid JSON ({str(where).splitlines()[0][:200]}){hint}") from None
+    with open_regular(path) as f:  # every JSON and JSONL file the project reads is opened by open_regular
+        try:
+            value = json.loads(f.read().decode("utf-8"))
+        except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            where = f"line {e.lineno}, column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else e
+            raise ValueError(f"{path}: not valid JSON ({str(where).splitlines()[0][:200]}){hint}") from None
     if object_only and not isinstance(value, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
     return value
