@@ -201,7 +201,7 @@ def generate(model, prompt, attention_mask=None, steps=128, gen_length=128, bloc
     check_prompt(prompt, attention_mask, generator, "sample.py generate", model, gen_length)
     if confidence_eos_eot_inf and eot_id is None:
         raise ValueError("sample.py generate: confidence_eos_eot_inf needs eot_id, the turn end's id (LLaDA's: 126348)")
-    eos_id = module.config.eos_token_id if logits_eos_inf or confidence_eos_eot_inf or stop_ids else None
+    eos_id = module.config.eos_token_id if logits_eos_inf or confidence_eos_eot_inf or stop_ids is not None else None
     stop_ids = check_stop_ids(stop_ids, generator, len(prompt), temperature > 0 or remasking == "random",
                               "sample.py generate", prompt.device)
     x, attention_mask = append_masks(prompt, attention_mask, gen_length, mask_id)  # (B, L), (B, L) or None
