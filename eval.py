@@ -37,7 +37,7 @@ import torch
 from cached_sample import generate_with_options
 from data import (EOT, IM_END, SUDOKU_TASK_PROMPT, BadRow, chat_format, chat_prompt, check_chat_tokens,
                   check_mask_token, data_text, encode, file_lines, json_object, load_tokenizer, mask_in_text,
-                  mixed_seed, read_data_file, unencodable_characters)
+                  mixed_seed, read_data_file, special_text, unencodable_characters)
 from longjob import (SEED_RULE, SEEDS, adapter_fingerprint, add_dtype_flag, add_model_flags, append_records,
                      broadcast_object, check_summary, compute_dtype, end_distributed, folder_fingerprint,
                      gather_objects, hms, load_weights, open_output, rank_and_world, read_records,
@@ -704,27 +704,34 @@ def load_data(p, args):
     try:
         raw = read_data_file(args.data)
         args.data_sha256 = hashlib.sha256(raw).hexdigest()[:16]  # of the bytes the items come from (run_settings)
-        items = load_benchmark(args.task, args.data, raw)[:args.limit]
+        every = load_benchmark(args.task, args.data, raw)
+        items = every[:args.limit]
         flag, path = "--shot-data", args.shot_data
         shot_items = load_benchmark(args.task, args.shot_data) if args.shots else []
         if args.shots > len(shot_items):
             raise ValueError(f"--shots {args.shots} but {args.shot_data} has only {len(shot_items)} items")
+        if leak := {i["question"] for i in shot_items} & {i["question"] for i in every}:  # a copy, a link, a subset
+            raise ValueError(f"holds {len(leak)} question(s) of the --data file {args.data} (e.g. {min(leak)[:40]!r}): "
+                             "the shots must not show the test items; draw them from another split")
         tokenizer = load_tokenizer(args.folder)
         check_chat_tokens(tokenizer, args.folder)
         config = read_config(args.folder)
         check_mask_token(tokenizer, config)  # the ids within the embedding, before the weights load
     except (OSError, ValueError) as e:
         p.error(str(e) if str(path) in str(e) or str(args.folder) in str(e) else f"{flag} {path}: {e}")
-    fmt = chat_format(tokenizer)
-    for item in items + shot_items:
+    fmt, specials = chat_format(tokenizer), special_text(tokenizer)  # chat-token text: a turn injected in the prompt
+    for path, item in [(args.data, i) for i in items] + [(args.shot_data, i) for i in shot_items]:
+        if specials and (hit := next(filter(None, map(specials.search, map(str, item.values()))), None)):
+            p.error(f"{path}: the item {item['question'][:40]!r}... holds {hit.group()!r}, which the tokenizer reads "
+                    "as its chat token (a turn of the prompt), not as text; remove it from the file")
         prompt = build_prompt(args.task, item, args.prompt_style, (), fmt)
         if bad := unencodable_characters(tokenizer, prompt):
             hint = ("; the embedded Sudoku model reads plain prompts (--prompt-style plain)"
                     if args.prompt_style != "plain" else "")
-            p.error(f"{args.data}: a {args.prompt_style} prompt has characters this model's tokenizer cannot encode: "
+            p.error(f"{path}: a {args.prompt_style} prompt has characters this model's tokenizer cannot encode: "
                     f"{', '.join(map(repr, bad))}{hint}")
         if problem := mask_in_text(tokenizer, prompt):
-            p.error(f"{args.data}: the question {item['question'][:40]!r}... {problem}")
+            p.error(f"{path}: the question {item['question'][:40]!r}... {problem}")
     for seed in args.seeds if args.shots else args.seeds[:1]:  # each seed's shots: every prompt fits the context
         shots = pick_shots(shot_items, args.shots, seed)
         if bad := unencodable_characters(tokenizer, build_prompt(args.task, items[0], args.prompt_style, shots, fmt)):

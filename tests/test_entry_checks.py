@@ -245,8 +245,10 @@ def test_sample_checks_its_lengths_before_the_model_loads(tmp_path, capsys, no_w
 
 def test_eval_checks_shots_and_context_before_the_model_loads(tmp_path, capsys, no_weights):
     argv = sudoku_checkpoint(tmp_path, 2, max_sequence_length=32)
-    shots = tmp_path / "shots.csv"  # the same puzzles in another file (the test file itself is refused)
-    shots.write_bytes((tmp_path / "sudoku.csv").read_bytes())
+    import embedded
+    shots = tmp_path / "shots.csv"  # 2 puzzles of another split (a copy of the test file is refused: test_eval_leaks.py)
+    pairs, _ = embedded.sudoku_split(2, 0, n_blanks=6, seed=11)
+    shots.write_text("Puzzle,Solution\n" + "".join(f"{p},{s}\n" for p, s in pairs))
     said = refusal(lambda: E.main(argv + ["--shots", "3", "--shot-data", str(shots)]), capsys)
     assert "--shots 3" in said and "2 items" in said
     said = refusal(lambda: E.main(argv + ["--shots", "-1", "--shot-data", str(shots)]), capsys)
