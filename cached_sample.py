@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import sample
 from longjob import run_command_line
-from model import check_prompt, padded_positions, shift_right, unwrap
+from model import check_prompt, predicting_hidden, unwrap
 from sample import (SamplerOptions, append_masks, block_rows, candidates, check_stop_ids, eos_after_stop,
                     generate_with_options as exact_or_dream, get_num_transfer_tokens, guided_logits, transfer_index)
 
@@ -74,9 +74,7 @@ class KVCache:
         # position's state is computed afresh, seeing the block's current tokens, where a state kept from the step
         # that built the cache would be stale (and the block's first token would keep a fully masked block's)
         self.start = max(s - 1, 0) if shifted else s
-        kw = {"position_ids": padded_positions(attention_mask)} if shifted else {}  # (B, L) or None
-        h = model(x[:, self.start:e], attention_mask=attention_mask, return_hidden=True, cache=self, **kw)
-        return (shift_right(h)[:, s - self.start:] if shifted else h), s
+        return predicting_hidden(model, x[:, self.start:e], attention_mask, cache=self)[:, s - self.start:], s
 
 
 def attention_probs(q, k, key_mask):

@@ -44,7 +44,7 @@ from longjob import (SEED_RULE, SEEDS, adapter_fingerprint, add_dtype_flag, add_
                      run_command_line, seconds_left, setup_distributed)
 from model import GENERATION_DEFAULTS, atomic_write_text, read_config, unwrap
 from sample import (SamplerOptions, add_sampler_flags, check_step_count, left_padded, options_from_flags, resolve_model,
-                    stop_ids, with_lengths)
+                    stop_ids, turn_end_id, with_lengths)
 
 # -----------------------------------------------------------------------------
 # Protocol constants (d1, github.com/dllm-reasoning/d1, eval/{gsm8k,math500,countdown,sudoku}.py, commit 837888f).
@@ -597,7 +597,7 @@ def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, 
     was_training = module.training
     module.eval()  # LoRA dropout off
     records, start, tokens, stops = list(done.values()), time.time(), dict(generated=0, skipped=0), stop_ids(tokenizer)
-    eot_id = tokenizer.token_to_id(IM_END if chat_format(tokenizer) == "chatml" else EOT)  # the turn end
+    eot_id = turn_end_id(tokenizer)  # confidence_eos_eot_inf's EoT
     for round_ in range(rounds):
         idx = todo[round_ * world + rank] if round_ * world + rank < len(todo) else []
         stats = {}  # the early exit's skipped tokens

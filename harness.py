@@ -23,15 +23,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from data import (BOS, EOT, IM_END, chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text,
-                  load_tokenizer)
+from data import BOS, chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text, load_tokenizer
 from eval import BLOCK_LENGTH, d1_options, sample_answers
 from longjob import (DTYPES, SEED_RULE, SEEDS, add_dtype_flag, add_model_flags, barrier, compute_dtype,
                      end_distributed, find_model, gather_objects, hms, json_or_empty, load_weights, run_command_line,
                      seconds_left, setup_distributed)
 from model import atomic_write_text, check_fields, read_config, shift_right
 from sample import (SamplerOptions, add_sampler_flags, decode_until_stop, generate, options_from_flags, resolve_model,
-                    stop_ids)
+                    stop_ids, turn_end_id)
 
 try:  # lm-evaluation-harness, optional: GiftLM (its model "gift") and harness.py need it
     import lm_eval.models  # noqa: F401  the harness's own models, registered first (lazily), stay available
@@ -239,7 +238,7 @@ class GiftLM(LM):
                                   merge=True).eval()
         check_mask_token(self.tokenizer, self.model.config)
         self.fmt = chat_format(self.tokenizer)
-        self.eot_id = self.tokenizer.token_to_id(IM_END if self.fmt == "chatml" else EOT)  # confidence_eos_eot_inf
+        self.eot_id = turn_end_id(self.tokenizer)  # confidence_eos_eot_inf
         self.batch_size, self.mc_num, self.seed = opts.batch_size, opts.mc_num, opts.seed
         self.check_greedy, self.max_length = opts.check_greedy, max_length  # the model's, or a shorter max_length
         self.paired = opts.paired

@@ -326,11 +326,13 @@ def padded_positions(attention_mask):
     return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
 
 
-def predicting_hidden(model, input_ids, attention_mask=None):
+def predicting_hidden(model, input_ids, attention_mask=None, cache=None):
     """The final hidden states (B, L, D) predicting each token of input_ids at its position, from one call of the
-    wrapper (DDP / FSDP see it); Dream's moved right (shift_right), at padded_positions. Part I's and the sampler's."""
+    wrapper (DDP / FSDP see it); Dream's moved right (shift_right), at padded_positions. Part I's and the samplers'
+    (cache: the cached sampler's KVCache, input_ids then a span of the sequence attention_mask covers)."""
     shifted = getattr(unwrap(model), "predicts_shifted", False)
     kw = {"position_ids": padded_positions(attention_mask)} if shifted else {}  # (B, L) or None
+    kw |= {"cache": cache} if cache is not None else {}
     h = model(input_ids, attention_mask=attention_mask, return_hidden=True, **kw)  # (B, L, D)
     return shift_right(h) if shifted else h
 

@@ -525,6 +525,11 @@ def stop_ids(tokenizer):
     return sorted({tokenizer.token_to_id(t) for t in (EOT, IM_END, EOS)} - {None})
 
 
+def turn_end_id(tokenizer):
+    """The id that ends a chat turn, <|eot_id|> (ChatML's <|im_end|>): the EoT of confidence_eos_eot_inf."""
+    return tokenizer.token_to_id(IM_END if chat_format(tokenizer) == "chatml" else EOT)
+
+
 def decode_until_stop(tokenizer, ids):
     """Text of the generated ids up to the first stop_ids token: the answer, as sample.py and GiftLM read it."""
     stops = set(stop_ids(tokenizer))
@@ -617,7 +622,7 @@ def main(argv=None, sampler=None):
     model, tokenizer = load_model(args, options)  # a --prompt too long for the context is said before the weights load
     fmt = chat_format(tokenizer)  # LLaDA's template, or ChatML for Dream's tokenizer
     generator = torch.Generator(args.device).manual_seed(args.seed)
-    eot_id = tokenizer.token_to_id(IM_END if fmt == "chatml" else EOT)  # the turn end (confidence_eos_eot_inf)
+    eot_id = turn_end_id(tokenizer)  # confidence_eos_eot_inf's EoT
     sampler = sampler or generate_with_options
 
     def reply(text):
