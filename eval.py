@@ -29,7 +29,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -43,8 +43,8 @@ from longjob import (SEED_RULE, SEEDS, adapter_fingerprint, add_dtype_flag, add_
                      gather_objects, hms, load_weights, open_output, rank_and_world, read_records,
                      run_command_line, seconds_left, setup_distributed)
 from model import GENERATION_DEFAULTS, atomic_write_text, read_config, unwrap
-from sample import (SamplerOptions, add_sampler_flags, check_step_count, left_padded, options_from_flags, resolve_model,
-                    stop_ids, turn_end_id, with_lengths)
+from sample import (BLOCK_ONLY, DREAM_ONLY, SamplerOptions, add_sampler_flags, check_step_count, left_padded,
+                    options_from_flags, resolve_model, stop_ids, turn_end_id, with_lengths)
 
 # -----------------------------------------------------------------------------
 # Protocol constants (d1, github.com/dllm-reasoning/d1, eval/{gsm8k,math500,countdown,sudoku}.py, commit 837888f).
@@ -596,7 +596,10 @@ def evaluate(model, tokenizer, items, task, sampler_options=None, batch_size=8, 
     rounds = math.ceil(len(todo) / world)  # the same on every rank
     was_training = module.training
     module.eval()  # LoRA dropout off
-    records, start, tokens, stops = list(done.values()), time.time(), dict(generated=0, skipped=0), stop_ids(tokenizer)
+    # the early exit (a row's tokens after its turn end returned as EOS) only when asked for: each of d1's graders
+    # reads past the turn end (every pattern of each: tests/test_exit_grades.py), so it could change a grade
+    stops = stop_ids(tokenizer) if options.early_exit else None
+    records, start, tokens = list(done.values()), time.time(), dict(generated=0, skipped=0)
     eot_id = turn_end_id(tokenizer)  # confidence_eos_eot_inf's EoT
     for round_ in range(rounds):
         idx = todo[round_ * world + rank] if round_ * world + rank < len(todo) else []
@@ -747,19 +750,26 @@ def run_settings(args, dtype):
     o, path = args.options, os.path.abspath
     settings = dict(task=args.task, model=path(args.folder), model_fingerprint=folder_fingerprint(args.folder),
                     adapter=args.adapter and path(args.adapter), data=path(args.data), data_sha256=args.data_sha256,
-                    gen_length=o.gen_length, steps=o.steps, block_length=o.block_length, batch_size=args.batch_size,
-                    shots=args.shots, shot_data=args.shot_data and path(args.shot_data), prompt_style=args.prompt_style,
-                    temperature=o.temperature, cache=o.cache, threshold=o.threshold,
-                    dtype=str(dtype).replace("torch.", ""))
-    # settings that only some runs use, recorded only when set: a record names the options its run used
-    extra = dict(cache_refresh=o.cache_refresh, cache_drift=o.cache_drift, cache_window=o.cache_window,
-                 cfg_scale=o.cfg_scale, remasking=None if o.remasking == "low_confidence" else o.remasking,
-                 logits_eos_inf=o.logits_eos_inf, confidence_eos_eot_inf=o.confidence_eos_eot_inf)
-    if o.sampler == "dream":  # Dream's sampler reads none of the block sampler's options, and its own
-        extra = dict(sampler=o.sampler, alg=o.alg, alg_temp=o.alg_temp, eps=o.eps, top_p=o.top_p, top_k=o.top_k)
+                    batch_size=args.batch_size, shots=args.shots, shot_data=args.shot_data and path(args.shot_data),
+                    prompt_style=args.prompt_style, dtype=str(dtype).replace("torch.", "")) | sampler_settings(o)
     if args.adapter:  # another adapter at the same path is told apart
-        extra["adapter_fingerprint"] = adapter_fingerprint(args.adapter)
-    return settings | {k: v for k, v in extra.items() if v}
+        settings["adapter_fingerprint"] = adapter_fingerprint(args.adapter)
+    return settings
+
+
+SAMPLER_ALWAYS = ("gen_length", "steps", "block_length", "temperature", "cache", "threshold")  # in every record
+
+
+def sampler_settings(o):
+    """The records settings of every SamplerOptions field o's sampler reads (a new one too): SAMPLER_ALWAYS's, Dream's
+    own when set, the others when set and not their default (so older records, which lack them, continue)."""
+    unread, settings = BLOCK_ONLY if o.sampler == "dream" else DREAM_ONLY, {}
+    for f in fields(SamplerOptions):
+        v = getattr(o, f.name)
+        if f.name in SAMPLER_ALWAYS or (f.name not in unread and v not in (None, False)
+                                        and (v != f.default or f.name in DREAM_ONLY)):
+            settings[f.name] = v
+    return settings
 
 
 def evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch):

@@ -311,9 +311,9 @@ class SamplerOptions:
                               "finished), with --cache prefix or dual"))
     early_exit: bool = field(default=None, metadata=dict(help="block samplers: a row stops once a finished block "
                              "holds its first turn end or EOS with nothing masked before it (its text up to there is "
-                             "final), the rest returned as EOS: the same answers, fewer steps. Unset: on where answers "
-                             "are cut at the turn end (eval.py, the harness, sample.py); --no-early-exit: every block, "
-                             "as the official generate"))
+                             "final), the rest returned as EOS: the same text up to it, fewer steps. Unset: on where "
+                             "answers are cut at the turn end (the harness, sample.py), off in eval.py (d1's graders "
+                             "read past it); --no-early-exit: every block, as the official generate"))
     sampler: str = field(default="block", metadata=dict(help="block: the block low-confidence sampler above, for "
                          "either family (the paper's evaluation protocol, Appendix C); dream: Dream's own "
                          "diffusion_generate (a Dream model only; its options --alg ... --top-k)", choices=SAMPLERS))

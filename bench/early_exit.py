@@ -1,4 +1,4 @@
-"""The block samplers' early exit (SamplerOptions.early_exit, on by default in eval.py) on the main job's Sudoku model:
+"""The block samplers' early exit (SamplerOptions.early_exit, eval.py's --early-exit) on the main job's Sudoku model:
 each setting with and without it, side by side on the same held-out puzzles, at the longest generation the model's
 context allows (whole blocks of 32; d1 uses 512 for Sudoku), steps = length / 2 (d1's protocol), greedy.
 

@@ -118,8 +118,9 @@ def test_dreams_own_sampler_refuses_it_by_name(capsys):
 
 
 def test_evaluate_counts_skipped_tokens_and_grades_the_same():
-    """eval.evaluate samples with the early exit (on unless early_exit=False): the same graded records, the answer
-    tokens it generated and skipped counted (together every item's gen_length)."""
+    """eval.evaluate samples with the early exit when asked (early_exit=True; off by default: tests/test_exit_grades.py):
+    here the same graded records, the answer tokens it generated and skipped counted (together every item's
+    gen_length)."""
     import eval as E
     from test_eval import _countdown_items, tiny_model_and_tokenizer
     items = _countdown_items()
@@ -129,12 +130,12 @@ def test_evaluate_counts_skipped_tokens_and_grades_the_same():
     stops = sample_stop_ids(tokenizer)
     t.ff_out = StopBiasHead(t.ff_out, stops, 3.0, model.config.mask_token_id, 0.0)
     runs = {}
-    for early_exit in (None, False):
+    for early_exit in (True, False):
         run = E.SeedRun()
         o = SamplerOptions(gen_length=32, steps=16, block_length=4, early_exit=early_exit)
         runs[early_exit] = E.evaluate(model, tokenizer, items, "countdown", o, batch_size=3, prompt_style="plain",
                                       run=run), run.tokens
-    (acc, records), tokens = runs[None]
+    (acc, records), tokens = runs[True]
     (acc_off, records_off), tokens_off = runs[False]
     assert acc == acc_off and [r["correct"] for r in records] == [r["correct"] for r in records_off]
     assert tokens["skipped"] > 0 and tokens_off == dict(generated=len(items) * 32, skipped=0)
