@@ -179,8 +179,9 @@ def parse_dataclass_flags(parser, cls, argv=None):
 
 def add_dataclass_flags(parser, cls):
     """One flag per field of the dataclass `cls` (--name-with-dashes, typed, its help and choices from the field's
-    metadata), each defaulting to None, so that a flag not given can be told from one given with the default."""
-    for f in dataclasses.fields(cls):
+    metadata), each defaulting to None, so that a flag not given can be told from one given with the default; a field
+    whose metadata says flag=False is none (set by the program)."""
+    for f in (f for f in dataclasses.fields(cls) if f.metadata.get("flag", True)):
         flag = "--" + f.name.replace("_", "-")
         if f.type in (bool, "bool"):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=f.metadata["help"])
@@ -791,8 +792,8 @@ class CheckpointManager:
         self.opts, self.world, self.inputs, self.preemption = opts, world, inputs, preemption
         self.aliases = aliases or {}  # {option: {old name: name}}: a checkpoint's option saved under an old name
         self.out, self.kept = Path(opts.out), set()  # kept: old checkpoints that could not be deleted
-        if opts.model:  # the base folder file by file, so that --resume can say which file changed
-            inputs.fingerprints["files"] = file_fingerprints(opts.model)
+        if opts.model:  # the base folder file by file, so that --resume can say which file changed (and the caller's)
+            inputs.fingerprints["files"] = file_fingerprints(opts.model) | inputs.fingerprints.get("files", {})
         check_same_inputs(inputs.fingerprints)
         self.candidates = broadcast_object(on_rank0(lambda: resume_candidates(self.out))) if opts.resume else []
         if self.candidates:

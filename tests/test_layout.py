@@ -18,7 +18,7 @@ from conftest import REPO
 
 # bottom to top: a file may import only the files before it (a new top-level file must be given its place here)
 ORDER = ("model", "adapters", "dream", "data", "longjob", "sample", "cached_sample", "eval", "embedded", "gift",
-         "harness")
+         "harness", "rl")
 CARD = ("model", "data", "sample", "eval", "gift")
 # the capability files a card file may import (the long-job machinery and the PEFT files are every card file's)
 CARD_USES = dict(data={"dream"}, sample={"dream"}, eval={"cached_sample"}, gift={"embedded"})
