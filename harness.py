@@ -197,12 +197,13 @@ def sampler_sources(given):
 
 def generation_options(given, defaults, asked):
     """(options, n) for one task's requests: the sampler's options and how many tokens of each answer are returned
-    (None: all it generates). Each option is the first given of: model_args (`given`), the task (`asked`, task_generation),
-    the model folder's generation_defaults.json (`defaults`); the lengths still unset by d1's rule (eval.d1_options:
-    blocks of 32, two tokens per step), gen_length lm-eval's 256. A length of the task's (its max_gen_toks, or lm-eval's
-    256) is rounded up to whole blocks and each answer cut back to n = that many tokens (lm-eval's meaning: at most
-    max_gen_toks); one of model_args' or the folder's is generated and returned as it is, refused as eval.py and
-    sample.py refuse it (sample.check_schedule, check_step_count). A ValueError in one line naming the argument."""
+    (None: all it generates). Each option is the first given of: model_args (`given`), the task (`asked`,
+    task_generation), the model folder's generation_defaults.json (`defaults`); the lengths still unset by d1's rule
+    (eval.d1_options: blocks of 32, two tokens per step), gen_length lm-eval's 256. A length of the task's (its
+    max_gen_toks, or lm-eval's 256) is rounded up to whole blocks and each answer cut back to n = that many tokens
+    (lm-eval's meaning: at most max_gen_toks); one of model_args' or the folder's is generated and returned as it is.
+    Refused as eval.py and sample.py refuse them (sample.check_schedule, check_step_count): a ValueError in one line
+    naming the argument."""
     values = defaults | asked | given
     n = None
     if "gen_length" in asked and "gen_length" not in given or "gen_length" not in values:  # the task's length
@@ -611,9 +612,11 @@ def harness_main(argv=None):
         options_from_flags(args)
         if args.out:
             check_harness_out(Path(args.out))
-        _, _, _, given, defaults = sampler_sources(args)  # each task's lengths and temperature, as GiftLM will take them
-        tasks, task_manager = harness_tasks(args, lambda name, kwargs: generation_options(
-            given, defaults, task_generation(name, kwargs, given)))
+        _, _, _, given, defaults = sampler_sources(args)
+
+        def check_generation(name, kwargs):  # each task's lengths and temperature, as GiftLM will take them
+            generation_options(given, defaults, task_generation(name, kwargs, given))
+        tasks, task_manager = harness_tasks(args, check_generation)
     except ValueError as e:
         p.error(str(e))
     sampler = {f.name: getattr(args, f.name) for f in fields(SamplerOptions) if getattr(args, f.name) is not None}
