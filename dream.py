@@ -225,6 +225,9 @@ def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, s
         The draws have the official kinds, shapes and order (origin: torch.rand over the batch's masks, then the
         multinomial of the tokens; the others: the multinomial of the tokens, then that of the positions), so
         torch.Generator().manual_seed(S) gives the official tokens of a run made after torch.manual_seed(S).
+        Or a list of B generators, one per row: each row then steps as it would alone, unpadded (its own draws over
+        its own positions, its own mask count in the tokens-per-step rule), so its tokens do not depend on the rows
+        beside it; a list of one is the official run of an unpadded row.
 
     The official method called without a generation_config inherits temperature 1.0 and top_k 50 from
     Hugging Face's defaults; ours takes what it is given, greedy by default (docs/samplers.md).
@@ -238,10 +241,12 @@ def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, s
                  alg_temp=alg_temp, top_p=top_p, top_k=top_k)
     for key, rule in DREAM_RULES.items():
         check_value(f"{where}: {key}={given[key]!r}", given[key], **rule)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"{where}: generator must be one torch.Generator or None, got {type(generator).__name__}: "
-                         f"the official draws span the whole batch (one uniform per mask), not one row each")
-    check_prompt(prompt, attention_mask, None, where, model, max_new_tokens, "max_new_tokens")
+    per_row = isinstance(generator, (list, tuple))
+    if not (generator is None or isinstance(generator, torch.Generator)
+            or per_row and all(isinstance(g, torch.Generator) for g in generator)):
+        raise ValueError(f"{where}: generator must be one torch.Generator, a list of one per row, or None; got "
+                         f"{type(generator).__name__}")
+    check_prompt(prompt, attention_mask, generator, where, model, max_new_tokens, "max_new_tokens")
     mask_id, head = module.config.mask_token_id, module.head
     x = F.pad(prompt, (0, max_new_tokens), value=mask_id)  # (B, L), L = P + max_new_tokens
     if attention_mask is not None:
@@ -249,23 +254,35 @@ def diffusion_generate(model, prompt, attention_mask=None, max_new_tokens=512, s
     position_ids = padded_positions(attention_mask)  # (B, L), or None without a pad
     attention_mask = None if position_ids is None else attention_mask  # no pad: the official "full" attention
     timesteps = torch.linspace(1, eps, steps + 1, device=x.device)  # float32, as officially
+    pads = [0] * len(x) if attention_mask is None else (attention_mask.cumsum(1) == 0).sum(1).tolist()  # left pads
 
     for i in range(steps):
         t, s, last = timesteps[i], timesteps[i + 1], i == steps - 1
         mask_index = x == mask_id  # (B, L)
         h = model(x, attention_mask=attention_mask, position_ids=position_ids, return_hidden=True)  # (B, L, D)
         h = shift_right(h)[mask_index]  # (N, D): the state predicting each mask, row-major
-
-        if alg == "origin":
-            # every mask independently with probability 1 - s/t: one uniform per mask of the batch
-            u = torch.rand(h.shape[:1], device=x.device if generator is None else generator.device, generator=generator)
-            transfer = u.to(x.device) < (1 if last else 1 - s / t)  # (N,) bool
-            x0 = torch.full_like(x[mask_index], mask_id)  # (N,): the others stay masked
-            x0[transfer] = sample_tokens(head(h[transfer]), temperature, top_p, top_k, generator)[1]
-            x[mask_index] = x0
+        step = dict(t=t, s=s, last=last, head=head, alg=alg, alg_temp=alg_temp, temperature=temperature, top_p=top_p,
+                    top_k=top_k, mask_id=mask_id)
+        if not per_row:
+            dream_step(x, mask_index, h, generator=generator, **step)
             continue
-
-        probs, x0 = sample_tokens(head(h), temperature, top_p, top_k, generator)  # (N, V), (N,)
-        maskgit_step(x, mask_index, dream_confidence(probs, x0, alg), x0, dream_num_transfer(mask_index, t, s, last),
-                     alg_temp, generator, mask_id)
+        for b, h_b in enumerate(h.split(mask_index.sum(1).tolist())):  # row b's masks: its rows of h
+            p = pads[b]  # x[b:b + 1, p:] is a view: the step writes into x
+            dream_step(x[b:b + 1, p:], mask_index[b:b + 1, p:], h_b, generator=generator[b], **step)
     return x
+
+
+def dream_step(x, mask_index, h, t, s, last, head, alg, alg_temp, temperature, top_p, top_k, generator, mask_id):
+    """One step of diffusion_generate from time t to s, x (B, L) changed in place: h (N, D) the states predicting the
+    N masks of mask_index (B, L), row-major; every draw from `generator` (one torch.Generator or None)."""
+    if alg == "origin":
+        # every mask independently with probability 1 - s/t: one uniform per mask of the batch
+        u = torch.rand(h.shape[:1], device=x.device if generator is None else generator.device, generator=generator)
+        transfer = u.to(x.device) < (1 if last else 1 - s / t)  # (N,) bool
+        x0 = torch.full_like(x[mask_index], mask_id)  # (N,): the others stay masked
+        x0[transfer] = sample_tokens(head(h[transfer]), temperature, top_p, top_k, generator)[1]
+        x[mask_index] = x0
+        return
+    probs, x0 = sample_tokens(head(h), temperature, top_p, top_k, generator)  # (N, V), (N,)
+    maskgit_step(x, mask_index, dream_confidence(probs, x0, alg), x0, dream_num_transfer(mask_index, t, s, last),
+                 alg_temp, generator, mask_id)

@@ -17,20 +17,21 @@ import itertools
 import json
 import os
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from data import BOS, chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text, load_tokenizer
-from eval import BLOCK_LENGTH, d1_options, sample_answers
+from eval import BLOCK_LENGTH, d1_options, item_generator
 from longjob import (DTYPES, SEED_RULE, SEEDS, add_dtype_flag, add_model_flags, barrier, compute_dtype,
                      end_distributed, find_model, gather_objects, hms, json_or_empty, load_weights, run_command_line,
                      seconds_left, setup_distributed)
 from model import atomic_write_text, check_fields, read_config, shift_right
-from sample import (SamplerOptions, add_sampler_flags, decode_until_stop, generate, options_from_flags, resolve_model,
-                    stop_ids, turn_end_id)
+from sample import (SamplerOptions, add_sampler_flags, check_step_count, decode_until_stop, generate,
+                    generate_with_options, left_padded, options_from_flags, options_of, resolve_model, stop_ids,
+                    turn_end_id)
 
 try:  # lm-evaluation-harness, optional: GiftLM (its model "gift") and harness.py need it
     import lm_eval.models  # noqa: F401  the harness's own models, registered first (lazily), stay available
@@ -78,9 +79,12 @@ class HarnessOptions:
             device = torch.device(self.device or "cpu")
         except RuntimeError:  # not a device name
             device = None
-        if device is None or device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-            raise ValueError(f"GiftLM: device {self.device!r}: not a device of this machine (it has "
-                             f"{torch.cuda.device_count()} CUDA devices); e.g. cpu or cuda:0")
+        backend = getattr(torch, device.type, None) if device else None  # torch.cuda, torch.mps, ...
+        count = backend.device_count() if hasattr(backend, "device_count") else 0
+        if device is None or device.type != "cpu" and (device.index or 0) >= count:
+            raise ValueError(f"GiftLM: device {self.device!r}: not a device of this machine (this torch sees "
+                             f"{torch.cuda.device_count()} CUDA devices, {torch.mps.device_count()} MPS); e.g. cpu"
+                             + (" or cuda:0" if torch.cuda.device_count() else ""))
 
 
 def stratified_mask_counts(L, b, generator, paired=False):
@@ -145,12 +149,74 @@ def greedy_continuation(model, context, L):
     return generate(model, prompt, steps=L, gen_length=L, block_length=L)[0, len(context):].tolist()
 
 
-def max_gen_toks(task, gen_kwargs):
-    """A generation task's max_gen_toks (lm-eval's default 256), or a ValueError naming the task."""
-    n = gen_kwargs.get("max_gen_toks", 256)
-    if type(n) is not int or n < 1:
-        raise ValueError(f"GiftLM: task {task!r}: max_gen_toks {n!r}: must be an integer >= 1")
-    return n
+MAX_GEN_TOKS = 256  # lm-eval's max_gen_toks for a task that names none
+TASK_GENERATION = ("until", "max_gen_toks", "do_sample", "temperature")  # the generation_kwargs GiftLM reads
+
+
+def task_generation(task, gen_kwargs, given=()):
+    """What a generation task's generation_kwargs ask of the sampler, those it states: gen_length (its max_gen_toks),
+    temperature (0 where do_sample is false, as lm-eval's models read it; else its temperature), the latter only where
+    model_args do not give one (`given`: their SamplerOptions names). A key GiftLM does not read, or a value it cannot
+    honour: a ValueError naming the task and the key."""
+    def said(key):
+        return f"GiftLM: task {task!r}: {key} {gen_kwargs[key]!r}"
+    if unread := [key for key in gen_kwargs if key not in TASK_GENERATION]:
+        raise ValueError(f"GiftLM: task {task!r}: generation_kwargs {unread[0]}: not read by GiftLM (it reads "
+                         f"{', '.join(TASK_GENERATION)}); drop it from the task, or give the sampler's options in "
+                         "model_args (docs/harness.md)")
+    asked = {}
+    if "max_gen_toks" in gen_kwargs:
+        if type(gen_kwargs["max_gen_toks"]) is not int or gen_kwargs["max_gen_toks"] < 1:
+            raise ValueError(f"{said('max_gen_toks')}: must be an integer >= 1")
+        asked["gen_length"] = gen_kwargs["max_gen_toks"]
+    do_sample, temperature = gen_kwargs.get("do_sample"), gen_kwargs.get("temperature")
+    if do_sample not in (None, True, False):
+        raise ValueError(f"{said('do_sample')}: expected true or false")
+    if temperature is not None and not (type(temperature) in (int, float) and 0 <= temperature < float("inf")):
+        raise ValueError(f"{said('temperature')}: must be 0 (greedy) or more, a finite number")
+    if "temperature" in given:
+        return asked  # model_args' temperature wins
+    if do_sample is True and not temperature:
+        raise ValueError(f"{said('do_sample')} with temperature {temperature!r}: sampling needs a temperature > 0 "
+                         "(give the task one, or model_args temperature)")
+    if do_sample is False or temperature is not None:
+        asked["temperature"] = 0.0 if do_sample is False else float(temperature)
+    return asked
+
+
+def sampler_sources(given):
+    """What model_args (or harness.py's flags) name, resolved (sample.resolve_model; given: model, adapter and
+    SamplerOptions' fields, None where not given): (model folder, adapter, the SamplerOptions of both, lengths unset
+    where neither gives them; for generation_options the sampler options given {name: value} and those of the folder's
+    generation_defaults.json)."""
+    folder, adapter, defaults, options = resolve_model(given)
+    names = [f.name for f in fields(SamplerOptions)]
+    return (folder, adapter, options, {n: getattr(given, n) for n in names if getattr(given, n) is not None},
+            {n: defaults[n] for n in names if defaults.get(n) is not None})
+
+
+def generation_options(given, defaults, asked):
+    """(options, n) for one task's requests: the sampler's options and how many tokens of each answer are returned
+    (None: all it generates). Each option is the first given of: model_args (`given`), the task (`asked`,
+    task_generation), the model folder's generation_defaults.json (`defaults`); the lengths still unset by d1's rule
+    (eval.d1_options: blocks of 32, two tokens per step), gen_length lm-eval's 256. A length of the task's (its
+    max_gen_toks, or lm-eval's 256) is rounded up to whole blocks and each answer cut back to n = that many tokens
+    (lm-eval's meaning: at most max_gen_toks); one of model_args' or the folder's is generated and returned as it is.
+    Refused as eval.py and sample.py refuse them (sample.check_schedule, check_step_count): a ValueError in one line
+    naming the argument."""
+    values = defaults | asked | given
+    n = None
+    if "gen_length" in asked and "gen_length" not in given or "gen_length" not in values:  # the task's length
+        n = values.setdefault("gen_length", MAX_GEN_TOKS)
+        if values.get("sampler", "block") == "block":
+            block = values.get("block_length") or min(BLOCK_LENGTH, n)  # d1_options' block for n tokens
+            values["gen_length"] = -(-n // block) * block
+    try:
+        options = d1_options(options_of(values, None), values["gen_length"])
+        check_step_count(options, "steps" in given, "model_args")
+    except ValueError as e:
+        raise ValueError(f"GiftLM: {e}") from None
+    return options, n
 
 
 def cut_at_stops(text, until):
@@ -174,8 +240,8 @@ THEIR_FIXED = {  # their name: (the values that are what GiftLM does anyway, why
     "log_type": (("ftb",), "GiftLM scores the continuation given the context, Dream's 'ftb'"),
     "sampling_eps": ((0,), "GiftLM's ELBO estimate masks l of the L tokens, l uniform: no floor on the masking rate"),
     "escape_until": ((False,), "GiftLM cuts each answer at the task's stop strings"),
-    "suppress_tokens": (([], "[]"), "GiftLM's samplers suppress no token"),
-    "begin_suppress_tokens": (([], "[]"), "GiftLM's samplers suppress no token"),
+    "suppress_tokens": (([], "[]", None), "GiftLM's samplers suppress no token"),
+    "begin_suppress_tokens": (([], "[]", None), "GiftLM's samplers suppress no token"),
 }
 
 
@@ -213,6 +279,19 @@ class GiftLM(LM):
     """A model folder of this repo for lm-evaluation-harness; model_args: HarnessOptions' and SamplerOptions' fields,
     and LLaDA's, Dream's and dllm's names (their_model_args)."""
 
+    @classmethod
+    def create_from_arg_string(cls, arg_string, additional_config=None):
+        """lm-eval's --model_args string (its own parser), with additional_config (create_from_arg_obj)."""
+        from lm_eval.utils import simple_parse_args_string
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict, additional_config=None):
+        """The model_args, lm-eval's own --batch_size, --max_batch_size and --device (additional_config) filling in
+        only those they leave out (lm-eval's LM passes both: a TypeError for a batch_size in model_args)."""
+        given = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        return cls(**(given | dict(arg_dict)))
+
     def __init__(self, model=None, **model_args):
         super().__init__()
         model_args.pop("max_batch_size", None)  # lm-eval's, for a batch_size "auto", which GiftLM does not take
@@ -225,7 +304,9 @@ class GiftLM(LM):
                              f"{', '.join(names)} (and LLaDA's, Dream's and dllm's names: docs/harness.md)")
         opts = HarnessOptions(**{k: v for k, v in model_args.items() if k in own})
         given = argparse.Namespace(model=opts.model, adapter=opts.adapter, **{n: model_args.get(n) for n in names})
-        self.folder, self.adapter, _, self.options = resolve_model(given)  # model_args, else the folder's
+        self.folder, self.adapter, self.options, self.given, self.defaults = sampler_sources(given)
+        if "gen_length" in self.given:  # no task changes these lengths: refused now, before the model loads
+            generation_options(self.given, self.defaults, {})
         self.tokenizer = load_tokenizer(self.folder)
         check_chat_tokens(self.tokenizer, self.folder)  # as eval.py's: the chat format's tokens, before the weights
         bos_text = DREAM_BOS if chat_format(self.tokenizer) == "chatml" else BOS
@@ -352,14 +433,20 @@ class GiftLM(LM):
                       f"{hms(seconds_left(start, done, len(requests) - done))}", flush=True)
 
     def _generation_options(self, gen_kwargs, task):
-        """The sampler's options for a task: model_args' (or the folder's) lengths, else gen_length = the task's
-        max_gen_toks (rounded up to whole blocks), block 32, steps = gen_length / 2 (d1's two per step)."""
-        o = self.options
-        gen_length = o.gen_length or max_gen_toks(task, gen_kwargs)
-        if o.sampler == "block":
-            block = o.block_length or min(BLOCK_LENGTH, gen_length)
-            gen_length = -(-gen_length // block) * block
-        return d1_options(replace(o, gen_length=gen_length), gen_length)
+        """(options, n): the sampler's options for a task's request and the tokens of each answer returned (None:
+        all), model_args before the task before the model folder (generation_options)."""
+        return generation_options(self.given, self.defaults, task_generation(task, gen_kwargs, self.given))
+
+    def _sample(self, prompts, options, noise):
+        """The answers (B lists of gen_length ids) to a batch of token-id prompts, left-padded, each drawing from its
+        own generator, item_generator(seed, its noise) (either sampler: Dream's takes one per row), so that an answer
+        does not depend on its batch (eval.sample_answers' call, the generators per request)."""
+        device = next(self.model.parameters()).device
+        prompt, attention_mask = left_padded(prompts, self.model.config.pad_token_id)  # (B, P)
+        generators = [item_generator(self.seed, i, device) for i in noise] if options.draws else None
+        out = generate_with_options(self.model, prompt.to(device), attention_mask.to(device), options, generators,
+                                    stop_ids(self.tokenizer), eot_id=self.eot_id)
+        return out[:, prompt.shape[1]:].tolist()
 
     def generate_until(self, requests):
         """Each context sampled with the options, in batches of batch_size consecutive requests with the same
@@ -373,7 +460,7 @@ class GiftLM(LM):
             seen[key] = seen.get(key, 0) + 1
             context, kwargs = self._args(request, 2, "generate_until")
             prompts.append(self.bos + self._encode(context, request) or [self.prefix_id])
-            gen_length = self._generation_options(kwargs, request.task_name).gen_length
+            gen_length = self._generation_options(kwargs, request.task_name)[0].gen_length
             if len(prompts[-1]) + gen_length > self.max_length:
                 raise ValueError(f"GiftLM: task {request.task_name!r}: a prompt of {len(prompts[-1])} tokens + "
                                  f"{gen_length} to generate exceed the model's max_sequence_length {self.max_length}; "
@@ -384,12 +471,12 @@ class GiftLM(LM):
             while (end < len(requests) and end - start < self.batch_size
                    and self._args(requests[end], 2, "generate_until")[1] == kwargs):
                 end += 1
-            options, until = self._generation_options(kwargs, requests[start].task_name), kwargs.get("until") or []
+            options, n = self._generation_options(kwargs, requests[start].task_name)
+            until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
-            answers = sample_answers(self.model, prompts[start:end], options, self.seed, noise[start:end],
-                                     stop_ids(self.tokenizer), eot_id=self.eot_id)  # (B, gen_length)
-            for request, answer in zip(requests[start:end], answers.tolist()):
-                out.append(cut_at_stops(decode_until_stop(self.tokenizer, answer), until))
+            answers = self._sample(prompts[start:end], options, noise[start:end])  # (B, gen_length) ids
+            for request, answer in zip(requests[start:end], answers):
+                out.append(cut_at_stops(decode_until_stop(self.tokenizer, answer[:n]), until))
                 self.cache_hook.add_partial("generate_until", request.args, out[-1])
             start = end
         return out
@@ -409,13 +496,24 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def lm_eval_main():
+    """lm-eval's own command line (`lm_eval run ...`, sys.argv) with the model "gift" registered: docs/harness.md's
+    gift_lm_eval. A user's mistake (a model_arg, a task's generation_kwargs, ...) ends in one line on stderr, exit
+    status 1, as python harness.py's."""
+    if HARNESS_MISSING:
+        raise SystemExit(f"gift_lm_eval: {HARNESS_MISSING}")
+    from lm_eval.__main__ import cli_evaluate
+    run_command_line(cli_evaluate, "gift_lm_eval")
+
+
 # -----------------------------------------------------------------------------
 # The command line: python harness.py
 
-def harness_tasks(args):
+def harness_tasks(args, check_generation=task_generation):
     """--tasks as lm-eval's Task (and Group) objects, and their TaskManager, checked before the model loads (a
     ValueError naming the flag or task): each name known and its YAML read (lm-eval renders the first document),
-    its max_gen_toks, a document for each torchrun rank (a rank without one stops the others), its few-shot examples."""
+    its generation_kwargs (check_generation(name, kwargs)), a document for each torchrun rank (a rank without one
+    stops the others), its few-shot examples."""
     from lm_eval.evaluator_utils import get_sample_size
     from lm_eval.tasks import TaskManager
     names = [name.strip() for name in args.tasks.split(",")]
@@ -452,7 +550,7 @@ def harness_tasks(args):
         if (shots or 0) > pool:
             raise ValueError(f"--num-fewshot {shots}: task {name} has {max(pool, 0)} few-shot examples")
         if task.get_config("output_type") == "generate_until":
-            max_gen_toks(name, task.get_config("generation_kwargs") or {})
+            check_generation(name, task.get_config("generation_kwargs") or {})
     children = {child for group in loaded["group_map"].values() for child in group}  # the named ones, in groups
     return [o for name, o in {**loaded["groups"], **loaded["tasks"]}.items() if name not in children], here
 
@@ -514,7 +612,11 @@ def harness_main(argv=None):
         options_from_flags(args)
         if args.out:
             check_harness_out(Path(args.out))
-        tasks, task_manager = harness_tasks(args)
+        _, _, _, given, defaults = sampler_sources(args)
+
+        def check_generation(name, kwargs):  # each task's lengths and temperature, as GiftLM will take them
+            generation_options(given, defaults, task_generation(name, kwargs, given))
+        tasks, task_manager = harness_tasks(args, check_generation)
     except ValueError as e:
         p.error(str(e))
     sampler = {f.name: getattr(args, f.name) for f in fields(SamplerOptions) if getattr(args, f.name) is not None}

@@ -175,7 +175,9 @@ def test_refuses_bad_arguments():
     with pytest.raises(ValueError, match="top_p"):
         diffusion_generate(model, ids, max_new_tokens=4, steps=4, top_p=0.0)
     with pytest.raises(ValueError, match="one torch.Generator"):
-        diffusion_generate(model, ids, max_new_tokens=4, steps=4, generator=[torch.Generator()])
+        diffusion_generate(model, ids, max_new_tokens=4, steps=4, generator=1)
+    with pytest.raises(ValueError, match="2 generators for 1 rows"):  # one per row, or one for the batch
+        diffusion_generate(model, ids, max_new_tokens=4, steps=4, generator=[torch.Generator()] * 2)
     llada = LLaDA.from_pretrained(GOLDEN / "tiny_llada_mha").eval()  # LLaDA's logits at i predict token i: refused
     with pytest.raises(ValueError, match="not Dream"):
         diffusion_generate(llada, ids, max_new_tokens=4, steps=4)
