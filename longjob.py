@@ -1179,7 +1179,8 @@ def check_resumable(ckpt, opts, world, inputs, aliases=None):
 
     def resolve(name, value, resolved):  # "auto" stands for what it resolved to (dtype auto = float32 on the CPU)
         return resolved.get(name, value) if value == "auto" else value
-    saved = {k: (aliases or {}).get(k, {}).get(v, v) for k, v in saved.items()}  # a run saved as --loss dream is cart
+    aliases = aliases or {}  # a run saved as --loss dream is cart
+    saved = {k: aliases[k].get(v, v) if k in aliases else v for k, v in saved.items()}
     differ = {k: (saved.get(k), v) for k, v in dataclasses.asdict(opts).items() if k not in RESUMABLE_CHANGES
               and resolve(k, saved.get(k), then_resolved) != resolve(k, v, now_resolved)}
     if differ:

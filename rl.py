@@ -44,11 +44,11 @@ from eval import (ANSWER_TAG, INSTRUCTIONS, SUDOKU_QUESTION, TASKS, d1_options, 
                   load_benchmark, load_sudoku, math_equiv)
 from gift import AT_LEAST_1, OFF_OR_MORE, chunked_cross_entropy, gradient_sync, lr_lambda, option, uniforms, wrap_model
 from longjob import (DTYPES, EXPORTED, SEED_RULE, SEEDS, CheckpointManager, Export, RunError, adapter_fingerprint,
-                     add_dataclass_flags, all_reduce, compute_dtype, end_distributed, find_model, folder_fingerprint,
+                     add_dataclass_flags, all_reduce, compute_dtype, end_distributed, folder_fingerprint,
                      gather_objects, hms, is_rank0, load_weights, print0, rank_and_world, run_command_line, run_folder,
                      seconds_left, setup_distributed)
 from model import check_fields, predicting_hidden, read_config, stored_dtype, unwrap
-from sample import SamplerOptions, add_sampler_flags, folder_defaults, options_from_flags, stop_ids
+from sample import SamplerOptions, add_sampler_flags, resolve_model, stop_ids
 
 # =====================================================================================================================
 # Part I. wd1's objective
@@ -376,12 +376,12 @@ def parse_options(argv=None):
             raise ValueError("--model: give the cold start (a gift.py run, checkpoint or export, or an HF folder)")
         if opts.resume and opts.overwrite:
             raise ValueError("--resume continues the run in --out, --overwrite deletes it: choose one")
-        folder, adapter = find_model(opts.model)
-        defaults = folder_defaults(folder)
-        defaults = defaults if defaults.get("task") in (None, opts.task) else {}  # another task's settings
-        sampler_flags = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in own})
-        options = d1_options(options_from_flags(sampler_flags, dict(temperature=WD1_SAMPLER["temperature"]) |
-                                                defaults), WD1_SAMPLER["gen_length"], "flags")
+        given = argparse.Namespace(**{k: v for k, v in vars(args).items() if k not in own}, model=opts.model,
+                                   adapter=None)
+        folder, adapter, defaults, options = resolve_model(given, opts.task)  # as eval.py resolves its --model
+        if given.temperature is None and "temperature" not in defaults:
+            options = dataclasses.replace(options, temperature=WD1_SAMPLER["temperature"], source="flags")
+        options = d1_options(options, WD1_SAMPLER["gen_length"], "flags")  # 256 tokens, blocks of 32, 128 steps
         if options.sampler == "dream" and options.early_exit:
             raise ValueError("--early-exit with --sampler dream: Dream's sampler has no blocks")
         opts.model, opts.adapter = str(folder), str(adapter) if adapter else ""
@@ -552,8 +552,8 @@ class RLMetrics:
         if state.step % self.log_every == 0 or state.step == self.total_steps:
             w = self.unlogged
             eta_s = seconds_left(self.t_attempt, state.step - self.first_step, self.total_steps - state.step)
-            record = dict(w[-1], step=state.step, total_steps=self.total_steps, lr=lr,
-                          loss=sum(x["loss"] for x in w) / len(w), grad_norm=sum(x["grad_norm"] for x in w) / len(w),
+            record = dict(step=state.step, total_steps=self.total_steps, **w[-1], lr=lr)  # the last step's rollout
+            record.update(loss=sum(x["loss"] for x in w) / len(w), grad_norm=sum(x["grad_norm"] for x in w) / len(w),
                           rollout_s=sum(x["rollout_s"] for x in w), update_s=sum(x["update_s"] for x in w),
                           elapsed_s=state.elapsed_s, eta_s=eta_s, skipped_steps=state.skipped_steps)
             record = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()
