@@ -479,7 +479,7 @@ def lock_file(path, note=True):
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.seek(0)
-        holder = note and lock.read().strip() or "another process"
+        holder = note and lock.read().strip() or flock_holder(lock) or "another process"
         lock.close()
         return None, holder
     except OSError as e:
@@ -490,6 +490,18 @@ def lock_file(path, note=True):
         lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
         lock.flush()
     return lock, None
+
+
+def flock_holder(f):
+    """ "pid N on HOST" holding a flock on the open file `f`, from Linux's /proc/locks (N: FLOCK ADVISORY WRITE pid
+    MAJ:MIN:INODE ...), else None (another system, or a holder on another host)."""
+    st = os.fstat(f.fileno())
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with contextlib.suppress(OSError), open("/proc/locks") as locks:
+        for fields in map(str.split, locks):
+            if fields[1:2] == ["FLOCK"] and fields[5:6] == [where]:
+                return f"pid {fields[4]} on {socket.gethostname()}"
+    return None
 
 
 WANDB_ID = "wandb_run_id"  # <out>/wandb_run_id: the W&B run this output folder logs to (--wandb-project)
@@ -1349,9 +1361,9 @@ FINGERPRINTS = ("model_fingerprint", "adapter_fingerprint")  # of the weights th
 
 def open_output(p, args):
     """--out checked before the model loads: the summary and the records file beside it (.jsonl) must each be absent
-    or eval.py's (check_summary, check_records); rank 0 locks an existing records file (one eval per output file, as
-    gift.py's one run per folder; a new one is created and locked with its first batch: append_records). Returns
-    (summary, records, lock); Nones without --out."""
+    or eval.py's (check_summary, check_records); rank 0 locks the records file for the run's life (lock_records: one
+    eval per output file, as gift.py's one run per folder, the second refused naming the holder; a new records file is
+    also locked with its first batch: append_records). Returns (summary, records, lock); Nones without --out."""
     if not args.out:
         return None, None, None
     out = Path(args.out)
@@ -1370,16 +1382,44 @@ def open_output(p, args):
         out.parent.mkdir(parents=True, exist_ok=True)
         if not os.access(out.parent, os.W_OK):
             raise PermissionError(errno.EACCES, "permission denied")
-        if int(os.environ.get("RANK", "0")) == 0 and records_path.exists():  # before the process group starts
-            lock, _ = lock_file(records_path, note=False)
-            if lock is None:
-                p.error(f"--out {args.out}: another eval.py is writing {records_path}; wait for it, or use another "
-                        "--out")
+        if int(os.environ.get("RANK", "0")) == 0:  # before the process group starts
+            lock = lock_records(records_path)
+            if isinstance(lock, str):
+                p.error(f"--out {args.out}: another eval.py is writing {records_path} ({lock}); one evaluation per "
+                        "--out at a time: wait for it, or use another --out")
     except ValueError as e:
         p.error(str(e))
     except OSError as e:
         p.error(f"--out {args.out}: cannot write {records_path} ({e.strerror})")
     return out, records_path, lock
+
+
+LOCKS = WEIGHT_HASH_CACHE.parent / "locks"  # eval.py's: one lock file per records file (never beside a user's files)
+
+
+def lock_records(path):
+    """Rank 0: the records file `path` locked for the run's life: LOCKS/<its real path's hash>.lock (lock_file, naming
+    its holder; the records file may not exist yet), and the records file itself where it exists (another host's run,
+    and an older eval.py's, lock that one). An ExitStack to close at the end, or the holder while another eval.py
+    writes there: one process per --out at a time."""
+    key = hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:16]
+    stack = contextlib.ExitStack()
+    for lock_path, note in ((LOCKS / f"{key}.lock", True), (path, False)):
+        if not (note or path.exists()):
+            continue
+        try:
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            lock, holder = lock_file(lock_path, note=note)
+        except OSError as e:
+            if not note:
+                raise
+            print(f"warning: cannot lock {lock_path} ({e}); make sure no other eval.py writes {path}", file=sys.stderr)
+            continue
+        if lock is None:
+            stack.close()
+            return holder
+        stack.callback(lock.close)
+    return stack
 
 
 def parse_record(line):
