@@ -123,27 +123,3 @@ def test_an_adapter_base_record_that_is_a_fifo_is_refused(adapter):
                                folder / ADAPTER_BASE)
     assert status != 0 and "ValueError" in said and f"{folder / ADAPTER_BASE}: not a regular file" in said, said
 
-
-# -----------------------------------------------------------------------------
-# item 7: one eval.py per --out at a time, the records file locked from the start to the end of the run
-
-
-def test_a_second_eval_on_one_out_is_refused_naming_the_holder(tmp_path, capsys):
-    """Before, a first run that had no records file yet locked nothing until its first batch: a second on the same
-    --out ran too and both appended (every record twice). Now the second is refused at once, naming the holder, and
-    nothing is written beside --out (no lock file: longjob.LOCKS); the first's end releases it."""
-    import argparse
-    args = argparse.Namespace(out=str(tmp_path / "r.json"), data=None, shot_data=None)
-    first = longjob.open_output(argparse.ArgumentParser(), args)[2]
-    try:
-        for records in (False, True):  # before the first batch, and after it (the records file exists then)
-            if records:
-                first.callback(longjob.append_records(tmp_path / "r.jsonl", [dict(index=0, seed=0)], SETTINGS).close)
-            with pytest.raises(SystemExit):
-                longjob.open_output(argparse.ArgumentParser(), args)
-            said = capsys.readouterr().err.strip().splitlines()[-1]
-            assert f"another eval.py is writing {tmp_path / 'r.jsonl'} (pid {os.getpid()} on " in said, said
-    finally:
-        first.close()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]
-    longjob.open_output(argparse.ArgumentParser(), args)[2].close()  # released: the next run starts
