@@ -526,7 +526,8 @@ EXPORTED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"
             "added_tokens.json", "chat_template.jinja", "generation_config.json", GENERATION_DEFAULTS, "modeling_*.py",
             "configuration_*.py", "generation_utils.py", "tokenization_*.py")
 # step-N/manifest.json: every file its save wrote (write_checkpoint), the run's; anything else there is a user's. A
-# checkpoint without one (older code's, tests/data/ebf2705) keeps the name rule: each part's files as written, below
+# checkpoint without one (older code's, tests/data/ebf2705; a save killed before its manifest) keeps the name rule,
+# each part's files as written, below, but only where its trainer.json names it (names_this_run): else all is a user's
 # (older code's embedded runs also exported their held-out puzzles, sudoku_heldout.csv: a name of the past, fixed)
 MANIFEST = "manifest.json"
 MODEL_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json", *EXPORTED, "sudoku_heldout.csv")
@@ -589,8 +590,8 @@ def claim_output_folder(out, resume, overwrite, replaced=None):
                 shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
         for tmp in (out / "checkpoints").glob("*.tmp"):  # interrupted saves (tens of GB each at 8B)
             if tmp.is_dir() and not tmp.is_symlink() and CHECKPOINT_NAME.fullmatch(tmp.name):
-                print(f"removing {tmp}, left by an interrupted save")
-                delete_own_files(tmp)
+                if not delete_own_files(tmp):  # a user's files in it, or no trainer.json naming it: kept, said
+                    print(f"removed {tmp}, left by an interrupted save")
     except BaseException:
         lock.close()
         raise
@@ -902,8 +903,8 @@ class CheckpointManager:
 
 def listed_files(folder):
     """The files (relative paths) checkpoint `folder`'s MANIFEST lists, itself included; None for a checkpoint of older
-    code (no manifest, and trainer.json names none). Unreadable, or missing where trainer.json names it: set(), nothing
-    is the run's (rotation keeps the checkpoint whole, saying so)."""
+    code or a save killed before its manifest (no manifest, and trainer.json names none). Unreadable, or missing where
+    trainer.json names it: set(), nothing is the run's (rotation keeps the checkpoint whole, saying so)."""
     if not os.path.lexists(folder / MANIFEST):
         return set() if json_or_empty(folder / "trainer.json").get("manifest") == MANIFEST else None
     with contextlib.suppress(OSError, ValueError):
@@ -913,11 +914,26 @@ def listed_files(folder):
     return set()
 
 
+def names_this_run(folder):
+    """Whether a checkpoint folder without a manifest (older code's, or a save killed before it) is this run's, so that
+    its files are matched by name: its trainer.json (a file, not a link) records this very step (state.step, the N of
+    step-N or step-N.tmp) among the run's checkpoints (state.checkpoints), in the run's own checkpoints/ folder (not
+    one a link leads to). Otherwise nothing in it is the run's: a user's step-N.tmp/model/ is never deleted."""
+    name = folder.name.removesuffix(".tmp")
+    if folder.parent.is_symlink() or (folder / "trainer.json").is_symlink() or checkpoint_step(name) is None:
+        return False
+    state = json_or_empty(folder / "trainer.json").get("state")
+    return (isinstance(state, dict) and state.get("step") == checkpoint_step(name)
+            and isinstance(state.get("checkpoints"), list) and name in state["checkpoints"])
+
+
 def checkpoint_files(folder):
-    """(ours, theirs): the paths under a step-N folder, at any depth, that its save wrote (listed_files, or for an
-    older checkpoint the names of PART_FILES), and the others (a user's notes, an eval.json beside model/, a symbolic
-    link), which nothing of the run deletes."""
+    """(ours, theirs): the paths under a step-N folder, at any depth, that its save wrote (listed_files, or for a
+    checkpoint without a manifest that names_this_run, the names of PART_FILES), and the others (a user's notes, an
+    eval.json beside model/, a symbolic link, all of a folder no trainer.json names), which nothing of the run
+    deletes."""
     ours, theirs, listed = [], [], listed_files(folder)
+    by_name = listed is None and names_this_run(folder)
     for root, dirs, files in os.walk(folder):
         rel = Path(root).relative_to(folder)
         for name in files + [d for d in dirs if Path(root, d).is_symlink()]:
@@ -926,6 +942,8 @@ def checkpoint_files(folder):
                 own = False
             elif listed is not None:
                 own = (rel / name).as_posix() in listed
+            elif not by_name:
+                own = False
             elif rel == Path("."):
                 own = name in ("trainer.json", "loop_state.pt")
             else:
@@ -963,7 +981,7 @@ def delete_own_files(folder):
 def move_into(tmp, folder):
     """A new checkpoint's files (tmp) moved into `folder`, which holds a user's files only: its manifest first (what
     it lists is the run's), trainer.json last (a kill midway leaves an incomplete checkpoint). A part that is a user's
-    file or symbolic link is refused, nothing moved."""
+    file or symbolic link, or a file of the user's where the save puts one, is refused, nothing moved."""
     targets = [folder / part.name for part in tmp.iterdir() if part.is_dir()]
     blocked = [str(t) for t in targets if t.is_symlink() or t.exists() and not t.is_dir()]
     if blocked:
@@ -971,6 +989,11 @@ def move_into(tmp, folder):
                                     "user's where the checkpoint writes a folder); move it away")
     order = {MANIFEST: 0, "trainer.json": 2}
     files = sorted((f for f in tmp.rglob("*") if not f.is_dir()), key=lambda f: order.get(f.name, 1))
+    taken = [str(folder / f.relative_to(tmp)) for f in files if f != tmp / MANIFEST  # ours, listing nothing
+             and os.path.lexists(folder / f.relative_to(tmp))]
+    if taken:  # what is left in `folder` is the user's (delete_own_files): never replaced
+        raise OSError(errno.EEXIST, f"{', '.join(taken)}: a user's file where the checkpoint writes one (no gift.py "
+                                    "run's trainer.json names the folder); move it away")
     for f in files:
         (folder / f.relative_to(tmp)).parent.mkdir(parents=True, exist_ok=True)
         os.replace(f, folder / f.relative_to(tmp))
@@ -1046,6 +1069,9 @@ def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, e
     if is_rank0():
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        # names the folder as this run's from the start (names_this_run): a kill mid-save leaves a .tmp that start-up
+        # removes by name; rewritten last with its manifest's name
+        (tmp / "trainer.json").write_text(json.dumps(trainer, indent=2))
     barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=lora))
     with quiet_single_process_dcp():
@@ -1066,7 +1092,8 @@ def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, e
         else:
             export_pretrained(module.config, full, tmp / "model", export.dtype, export.files)
         torch.save(loop_state, tmp / "loop_state.pt")
-        listed = sorted(f.relative_to(tmp).as_posix() for f in tmp.rglob("*") if f.is_file()) + ["trainer.json"]
+        listed = sorted(f.relative_to(tmp).as_posix() for f in tmp.rglob("*") if f.is_file() and f != tmp /
+                        "trainer.json") + ["trainer.json"]
         atomic_write_text(tmp / MANIFEST, json.dumps(listed, indent=0) + "\n")  # whole or absent, if a kill comes
         (tmp / "trainer.json").write_text(json.dumps(dict(trainer, manifest=MANIFEST), indent=2))
         if folder.is_symlink():  # never followed: a save through it would delete and write a user's files

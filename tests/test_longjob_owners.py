@@ -1,5 +1,7 @@
 """Issue 53's ownership rules (longjob.py): one eval.py per --out at a time, the second refused naming the first
-(item 7). Each test fails before the fix."""
+(item 7); files matched by name (a checkpoint without a manifest) only in a folder whose trainer.json names it, in the
+run's own checkpoints/ (item 9). Each test fails before the fix, but for the guard of a kill mid-save (which the fix
+must not break)."""
 
 import argparse
 import json
@@ -10,10 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, latest, train_args
 from test_eval import record_lines, sudoku_checkpoint
 
 import eval as E
+import gift
 import longjob
 
 SETTINGS = {"task": "gsm8k", "gen_length": 64, "model": "m"}
@@ -73,3 +76,83 @@ def test_two_eval_processes_on_one_out_the_second_refused_the_first_finishing(tm
     monkeypatch.undo()
     E.main(argv)  # released at the first's end: the same command continues (nothing left to generate)
     assert len(record_lines(tmp_path / "r.jsonl")) == 4
+
+
+# -----------------------------------------------------------------------------
+# item 9: a folder without a manifest is matched by name only where its trainer.json names it, in a real checkpoints/
+
+MINE = {"model/model.safetensors": "the user's weights", "model/config.json": "{}"}  # named as a save names its own
+
+
+def put(folder, files):
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+
+
+def kept(folder, files):
+    return all((folder / name).read_text() == text for name, text in files.items())
+
+
+def test_a_users_step_tmp_folder_is_kept_by_resume_and_overwrite(base, tmp_path, capsys):
+    """Removed as an interrupted save before (its files named as a save names them); no trainer.json names it: the
+    user's, kept by --resume (saying so) and refused by --overwrite."""
+    out = tmp_path / "run"
+    gift.main(train_args(base, out, "--max-steps", "1"))
+    mine = out / "checkpoints" / "step-0000007.tmp"
+    put(mine, MINE)
+    capsys.readouterr()
+    gift.main(train_args(base, out, "--max-steps", "2", "--resume"))
+    assert kept(mine, MINE) and f"kept {mine / 'model' / 'model.safetensors'}" in capsys.readouterr().out
+    with pytest.raises(FileExistsError, match="step-0000007.tmp/model/model.safetensors.*nothing was deleted"):
+        gift.main(train_args(base, out, "--max-steps", "2", "--overwrite"))
+    assert kept(mine, MINE)
+
+
+def test_a_save_killed_midway_leaves_a_tmp_the_next_start_removes(base, tmp_path, monkeypatch, capsys):
+    """The guard: a save's .tmp names itself in its trainer.json from its start, so a kill before its manifest leaves
+    a folder the next start removes whole (tens of GB at 8B), as before."""
+    out = tmp_path / "run"
+
+    def killed(*args, **kwargs):  # a kill -9 after the training state is written, before the model and the manifest
+        raise KeyboardInterrupt
+    monkeypatch.setattr(longjob, "export_pretrained", killed)
+    with pytest.raises(KeyboardInterrupt):
+        gift.main(train_args(base, out, "--max-steps", "1"))
+    tmp = out / "checkpoints" / "step-0000001.tmp"
+    assert (tmp / "train_state" / ".metadata").is_file() and not (tmp / longjob.MANIFEST).exists()
+    monkeypatch.undo()
+    capsys.readouterr()
+    gift.main(train_args(base, out, "--max-steps", "1", "--resume"))
+    assert f"removed {tmp}, left by an interrupted save" in capsys.readouterr().out and not tmp.exists()
+
+
+def test_rotation_through_a_checkpoints_folder_linked_midway_keeps_a_users_step(base, tmp_path, monkeypatch):
+    """checkpoints/ replaced by a link to a user's folder during the run: rotation deleted its step-0000001/model
+    files by name before (even a trainer.json naming that step does not make a folder behind a link the run's)."""
+    out, mine = tmp_path / "run", tmp_path / "mine"
+    users = dict(MINE, **{"trainer.json": json.dumps({"state": {"step": 1, "checkpoints": ["step-0000001"]}})})
+    put(mine / "step-0000001", users)
+    real_step = gift.train_step
+
+    def step(*args, **kwargs):  # after step 1's checkpoint: the folder moved away, a link to the user's in its place
+        if (out / "checkpoints" / "step-0000001").is_dir() and not (out / "checkpoints").is_symlink():
+            (out / "checkpoints").rename(tmp_path / "moved")
+            (out / "checkpoints").symlink_to(mine)
+        return real_step(*args, **kwargs)
+    monkeypatch.setattr(gift, "train_step", step)
+    gift.main(train_args(base, out, "--max-steps", "2", "--save-every", "1", "--keep-last", "1"))
+    assert kept(mine / "step-0000001", users)
+    assert longjob.checkpoint_problem(mine / "step-0000002") is None  # the run's step 2, written there
+
+
+def test_a_save_at_a_users_step_folder_replaces_none_of_its_files(base, tmp_path):
+    """A user's step-0000002/ (no manifest, no trainer.json) where the run saves step 2: its model files were deleted
+    by name and replaced by the run's before; now the save is refused naming them, nothing of theirs touched."""
+    out = tmp_path / "run"
+    gift.main(train_args(base, out, "--max-steps", "1", "--save-every", "1"))
+    mine = out / "checkpoints" / "step-0000002"
+    put(mine, MINE)
+    with pytest.raises(OSError, match=r"step-0000002/model/.*a user's file where the checkpoint writes one"):
+        gift.main(train_args(base, out, "--max-steps", "2", "--save-every", "1", "--resume"))
+    assert kept(mine, MINE) and latest(out).name == "step-0000001"
