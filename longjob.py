@@ -1394,7 +1394,7 @@ def open_output(p, args):
     if not args.out:
         return None, None, None
     out = Path(args.out)
-    if out.is_dir() or out.suffix == ".jsonl":
+    if out.is_dir() or out.suffix.lower() == ".jsonl":  # up.JSONL: the records file up.jsonl itself, where case folds
         p.error(f"--out {args.out}: name the summary .json file (the records go beside it, in a .jsonl)")
     records_path = out.with_suffix(".jsonl")
     inputs = {os.path.realpath(f): flag for flag, f in (("--data", args.data), ("--shot-data", args.shot_data)) if f}

@@ -156,3 +156,21 @@ def test_a_save_at_a_users_step_folder_replaces_none_of_its_files(base, tmp_path
     with pytest.raises(OSError, match=r"step-0000002/model/.*a user's file where the checkpoint writes one"):
         gift.main(train_args(base, out, "--max-steps", "2", "--save-every", "1", "--resume"))
     assert kept(mine, MINE) and latest(out).name == "step-0000001"
+
+
+# -----------------------------------------------------------------------------
+# Rough: a summary named like its records file but for the case (one file where the file system folds case)
+
+
+@pytest.mark.parametrize("name", ["up.JSONL", "up.Jsonl"])
+def test_a_summary_named_as_its_records_in_another_case_is_refused(tmp_path, capsys, name):
+    """--out up.JSONL was accepted beside the records up.jsonl: on macOS's and Windows' file systems the same file, the
+    summary written over the records. Now one line naming the flag, before anything is written."""
+    records = tmp_path / "up.jsonl"
+    longjob.append_records(records, [dict(index=0, seed=0)], SETTINGS).close()
+    before = records.read_bytes()
+    args = argparse.Namespace(out=str(tmp_path / name), data=None, shot_data=None)
+    with pytest.raises(SystemExit):
+        longjob.open_output(argparse.ArgumentParser(), args)
+    assert f"--out {tmp_path / name}: name the summary .json file" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert records.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["up.jsonl"]
