@@ -226,7 +226,9 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt")  # a fast token
 
 def folder_fingerprint(folder):
     """sha256 of a Hugging Face folder's config.json, tokenizer (TOKENIZER_FILES) and weights, every byte of them: a
-    model re-merged or retrained into the same path is another model for eval's resume, --resume and check_adapter."""
+    model re-merged or retrained into the same path is another model for eval's resume, --resume and check_adapter.
+    The identity every record holds (trainer.json's, eval.py's, adapter_base.json's), so its recipe never moves; where
+    a record also holds file_fingerprints, "the same base" is decided file by file (base_changes)."""
     folder = Path(folder)
     tokenizer = TOKENIZER_FILES[:1] if (folder / TOKENIZER_FILES[0]).is_file() else TOKENIZER_FILES[1:]
     return hash_weights(hash_files(folder, ("config.json",) + tokenizer), folder).hexdigest()[:16]
@@ -285,18 +287,32 @@ def tensors_fingerprint(model):
     return h.hexdigest()[:16]
 
 
+def file_fingerprint(path):
+    """sha256 of a base folder's file as "the same base" reads it: a JSON file's parsed content in canonical form
+    (sorted keys, no spaces), so that a re-indented config.json is the same file; any other file's bytes."""
+    data = Path(path).read_bytes()
+    if Path(path).name.endswith(".json"):
+        with contextlib.suppress(ValueError, RecursionError):  # not JSON: its bytes
+            data = json.dumps(json.loads(data), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
 def file_fingerprints(folder):
-    """The base folder's fingerprint file by file, for --resume to name the one that changed (JSON canonically)."""
-    folder, prints = Path(folder), {}
-    for name in ("config.json",) + TOKENIZER_FILES:
-        if (folder / name).is_file():
-            data = (folder / name).read_bytes()
-            if name.endswith(".json"):
-                with contextlib.suppress(ValueError):  # not JSON: its bytes
-                    data = json.dumps(json.loads(data), sort_keys=True, separators=(",", ":")).encode()
-            prints[name] = hashlib.sha256(data).hexdigest()[:16]
-    prints["weights"] = hash_weights(hashlib.sha256(), folder).hexdigest()[:16]  # as folder_fingerprint
+    """The base folder's fingerprint file by file (file_fingerprint; the weights as folder_fingerprint hashes them),
+    which --resume and an adapter's record compare (base_changes)."""
+    folder = Path(folder)
+    prints = {name: file_fingerprint(folder / name) for name in ("config.json",) + TOKENIZER_FILES
+              if (folder / name).is_file()}
+    prints["weights"] = hash_weights(hashlib.sha256(), folder).hexdigest()[:16]
     return prints
+
+
+def base_changes(then, now):
+    """The one rule of "the same base model", --resume's and an adapter's: the files whose fingerprints differ between
+    two file_fingerprints (then: recorded; now: the folder's), as "name (fingerprint A then, B now)"; [] for the
+    same."""
+    return [f"{name} (fingerprint {then.get(name)} then, {now.get(name)} now)"
+            for name in sorted(then.keys() | now.keys()) if then.get(name) != now.get(name)]
 
 
 def check_same_inputs(fingerprints):
@@ -312,8 +328,10 @@ def check_same_inputs(fingerprints):
 
 def check_adapter(folder, adapter):
     """--adapter against the model folder, before either loads: a one-line ValueError for a gift.py checkpoint's merged
-    export given with its own adapter (added twice), or its adapter, in its checkpoint or copied anywhere, on a base of
-    another fingerprint than trained on (the one save_adapter recorded, else its checkpoint's trainer.json's)."""
+    export given with its own adapter (added twice), or its adapter, in its checkpoint or copied anywhere, on another
+    base than trained on (the one save_adapter recorded, else its checkpoint's trainer.json's): file by file where the
+    record has them (base_changes, --resume's rule: a re-indented config.json is the same base), else (a record of
+    older code) by folder_fingerprint, every byte."""
     if not adapter:
         return
     if problem := adapter_problem(adapter):  # a model folder given as --adapter, a checkpoint, ...
@@ -326,32 +344,41 @@ def check_adapter(folder, adapter):
                          "base with this adapter already folded in, so it would be applied twice; drop --adapter, or "
                          "give the base model with it")
     record = adapter_dir / ADAPTER_BASE
-    then = adapter_base(record)  # save_adapter's record of the base
+    then, files = adapter_base(record)  # save_adapter's record of the base
     if not then:  # saved without it (PEFT's own, an older one): its gift.py checkpoint's, if it sits in one
         try:
             meta, record = read_json(checkpoint / "trainer.json"), checkpoint / "trainer.json"
             then = meta["options"]["model"] and meta["fingerprints"]["model"]  # the embedded task's base: in memory
-        except (OSError, ValueError, KeyError, TypeError):
+            files = meta["fingerprints"].get("files")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return  # nothing recorded to compare with
-    if then and (now := folder_fingerprint(folder)) != then:
+    if not then:
+        return
+    changed = base_changes(files, file_fingerprints(folder)) if isinstance(files, dict) else []
+    if (changed or not isinstance(files, dict)) and (now := folder_fingerprint(folder)) != then:
+        what = f"; its {', '.join(changed)}" if changed else ""
         raise ValueError(f"--adapter {adapter}: trained on a base model with fingerprint {then} ({record}), but "
-                         f"{folder} has fingerprint {now}: another model (a merged export, another base, or one "
+                         f"{folder} has fingerprint {now}{what}: another model (a merged export, another base, or one "
                          "replaced or retrained into the same path); give the base it was trained on")
 
 
 def adapter_base(record):
-    """The base fingerprint in an adapter's ADAPTER_BASE, None where there is none (PEFT's own adapter): one that
-    exists but cannot be read (not JSON, not save_adapter's object, a FIFO) is a ValueError naming it, never "none"."""
+    """(the base fingerprint, its file_fingerprints) in an adapter's ADAPTER_BASE; (None, None) where there is none
+    (PEFT's own adapter); the files None in a record of older code, which has only the fingerprint. One that exists
+    but cannot be read (not JSON, not save_adapter's object, a FIFO) is a ValueError naming it, never "none"."""
     if not os.path.lexists(record):
-        return None
+        return None, None
     hint = ": save_adapter's record of the adapter's base is damaged; copy it again from the adapter's checkpoint"
     try:
-        then = read_json(record).get("base_fingerprint")
+        saved = read_json(record)
     except (OSError, ValueError) as e:
         raise ValueError(f"{e}{hint}") from None
+    then, files = saved.get("base_fingerprint"), saved.get("base_files")
     if not isinstance(then, str) or not then:
         raise ValueError(f"{record}: no base_fingerprint string{hint}")
-    return then
+    if files is not None and not (isinstance(files, dict) and all(isinstance(v, str) for v in files.values())):
+        raise ValueError(f"{record}: base_files is not an object of fingerprints{hint}")
+    return then, files
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -1085,7 +1112,7 @@ def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, e
         module = unwrap(model)  # DDP's .module
         if lora:
             save_adapter(module, tmp / "adapter", base_model_name_or_path=export.base_name, state=full,
-                         base_fingerprint=export.base_fingerprint)
+                         base_fingerprint=export.base_fingerprint, base_files=trainer["fingerprints"].get("files"))
             if export.merged:
                 export_pretrained(module.config, merged_state_dict(module, full, export.merge_from), tmp / "merged",
                                   export.dtype, export.files)
@@ -1224,10 +1251,7 @@ def check_resumable(ckpt, opts, world, inputs, aliases=None):
         raise ValueError(f"--resume: {ckpt} was written with different options (saved, now): {differ}")
     then, base = meta["fingerprints"], opts.model or "the embedded task"
     if "files" in then and "files" in fingerprints:  # file by file (the embedded task: the whole model's fingerprint)
-        changed = [f"{name} (fingerprint {then['files'].get(name)} then, {fingerprints['files'].get(name)} now)"
-                   for name in sorted(then["files"].keys() | fingerprints["files"].keys())
-                   if then["files"].get(name) != fingerprints["files"].get(name)]
-        if changed:
+        if changed := base_changes(then["files"], fingerprints["files"]):
             raise ValueError(f"--resume: the base model changed since {ckpt}: its {', '.join(changed)} in {base}; "
                              "resume with the original base, or start over with --overwrite")
     elif then["model"] != fingerprints["model"]:

@@ -1,11 +1,13 @@
 """Issue 53's ownership rules (longjob.py): one eval.py per --out at a time, the second refused naming the first
 (item 7); files matched by name (a checkpoint without a manifest) only in a folder whose trainer.json names it, in the
-run's own checkpoints/ (item 9). Each test fails before the fix, but for the guard of a kill mid-save (which the fix
-must not break)."""
+run's own checkpoints/ (item 9); two rough ones: --out up.JSONL beside up.jsonl, and one rule of "the same base" for
+an adapter and --resume. Each test fails before the fix, but for the guard of a kill mid-save (which the fix must not
+break)."""
 
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -174,3 +176,38 @@ def test_a_summary_named_as_its_records_in_another_case_is_refused(tmp_path, cap
         longjob.open_output(argparse.ArgumentParser(), args)
     assert f"--out {tmp_path / name}: name the summary .json file" in capsys.readouterr().err.strip().splitlines()[-1]
     assert records.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["up.jsonl"]
+
+
+# -----------------------------------------------------------------------------
+# Rough: one rule of "the same base" (longjob.base_changes): a re-indented config.json is the same base for an adapter
+# as for --resume
+
+
+def reindent(path):
+    path.write_text(json.dumps(json.loads(path.read_text()), indent=4, sort_keys=False) + "\n")
+
+
+def test_an_adapter_on_its_base_with_a_reindented_config_is_accepted(base, tmp_path):
+    """Refused as "another model" before (its record hashed config.json's bytes), where --resume took the same base
+    as the same; now both compare file by file, JSON by content. A real change is still refused, naming the file; a
+    record of older code (the fingerprint only) is read as before, by every byte."""
+    shutil.copytree(base / "model", tmp_path / "base")
+    out = tmp_path / "run"
+    gift.main(train_args(base, out, "--lora", "--max-steps", "1") + ["--model", str(tmp_path / "base")])
+    copied = shutil.copytree(latest(out) / "adapter", tmp_path / "copied")  # copied out: its own record only
+    config = tmp_path / "base" / "config.json"
+    original = config.read_text()
+    reindent(config)
+    assert config.read_text() != original
+    longjob.check_adapter(tmp_path / "base", copied)
+    gift.main(train_args(base, out, "--lora", "--max-steps", "2", "--resume") + ["--model", str(tmp_path / "base")])
+    config.write_text(json.dumps(dict(json.loads(original), rope_theta=1.0)))  # another model
+    with pytest.raises(ValueError, match=r"trained on a base model with fingerprint .*its config.json \(fingerprint"):
+        longjob.check_adapter(tmp_path / "base", copied)
+    record = copied / "adapter_base.json"  # as older code wrote it
+    record.write_text(json.dumps({"base_fingerprint": json.loads(record.read_text())["base_fingerprint"]}) + "\n")
+    config.write_text(original)
+    longjob.check_adapter(tmp_path / "base", copied)
+    reindent(config)
+    with pytest.raises(ValueError, match="trained on a base model with fingerprint"):
+        longjob.check_adapter(tmp_path / "base", copied)
