@@ -989,7 +989,7 @@ def delete_own_files(folder):
     """Delete a checkpoint's own files (checkpoint_files) in `folder` and the folders left empty; say what is kept."""
     ours, theirs = checkpoint_files(folder)
     if not theirs:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_whole(folder)
         return []
     for path in set(ours) - {str(folder / MANIFEST)}:
         with contextlib.suppress(OSError):
@@ -1003,6 +1003,14 @@ def delete_own_files(folder):
     print(f"kept {', '.join(theirs)} in {folder}: not written by gift.py (the checkpoint's own files are deleted)",
           flush=True)
     return theirs
+
+
+def remove_whole(folder):
+    """A folder of the run's own files removed, its parts first: a kill midway leaves the small files that name it
+    (trainer.json, the manifest), and the next start still knows it as the run's (names_this_run, listed_files)."""
+    for name in PART_FILES:
+        shutil.rmtree(folder / name, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def move_into(tmp, folder):
@@ -1044,7 +1052,7 @@ def delete_checkpoint(folder):
         return True
     doomed = folder.with_name(folder.name + ".tmp")
     os.replace(folder, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
+    remove_whole(doomed)
     return True
 
 
@@ -1085,8 +1093,8 @@ def save_checkpoint(model, optimizer, folder, trainer, loop_state, lora, export)
     try:
         write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, export)
     except (OSError, CheckpointException) as e:  # disk full, file too large, no permission: say where, free the space
-        if is_rank0():
-            shutil.rmtree(tmp, ignore_errors=True)
+        if is_rank0() and tmp.is_dir() and not tmp.is_symlink():
+            delete_own_files(tmp)  # the save's (its trainer.json names it); a user's folder of that name stays
         why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1][:300]
         raise OSError(getattr(e, "errno", None), f"cannot write the checkpoint {tmp} ({why}); its partial files are "
                                                  "removed; resume with --resume once it can be written") from e
@@ -1094,11 +1102,13 @@ def save_checkpoint(model, optimizer, folder, trainer, loop_state, lora, export)
 
 def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, export):
     if is_rank0():
-        shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.lexists(tmp) and (tmp.is_symlink() or delete_own_files(tmp)):  # a leftover of ours goes
+            raise OSError(errno.EEXIST, f"{tmp} holds files no gift.py run wrote, where the checkpoint is written; "
+                                        "move it away")
         tmp.mkdir(parents=True)
         # names the folder as this run's from the start (names_this_run): a kill mid-save leaves a .tmp that start-up
         # removes by name; rewritten last with its manifest's name
-        (tmp / "trainer.json").write_text(json.dumps(trainer, indent=2))
+        atomic_write_text(tmp / "trainer.json", json.dumps(trainer, indent=2))
     barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=lora))
     with quiet_single_process_dcp():

@@ -95,19 +95,20 @@ def kept(folder, files):
     return all((folder / name).read_text() == text for name, text in files.items())
 
 
-def test_a_users_step_tmp_folder_is_kept_by_resume_and_overwrite(base, tmp_path, capsys):
+def test_a_users_step_tmp_folder_is_kept_by_resume_saves_and_overwrite(base, tmp_path, capsys):
     """Removed as an interrupted save before (its files named as a save names them); no trainer.json names it: the
-    user's, kept by --resume (saying so) and refused by --overwrite."""
+    user's, kept by --resume's start (saying so), by the save of its step (refused, naming it) and by --overwrite."""
     out = tmp_path / "run"
     gift.main(train_args(base, out, "--max-steps", "1"))
-    mine = out / "checkpoints" / "step-0000007.tmp"
+    mine = out / "checkpoints" / "step-0000002.tmp"
     put(mine, MINE)
     capsys.readouterr()
-    gift.main(train_args(base, out, "--max-steps", "2", "--resume"))
+    with pytest.raises(OSError, match="step-0000002.tmp holds files no gift.py run wrote"):
+        gift.main(train_args(base, out, "--max-steps", "2", "--resume"))
     assert kept(mine, MINE) and f"kept {mine / 'model' / 'model.safetensors'}" in capsys.readouterr().out
-    with pytest.raises(FileExistsError, match="step-0000007.tmp/model/model.safetensors.*nothing was deleted"):
+    with pytest.raises(FileExistsError, match="step-0000002.tmp/model/model.safetensors.*nothing was deleted"):
         gift.main(train_args(base, out, "--max-steps", "2", "--overwrite"))
-    assert kept(mine, MINE)
+    assert kept(mine, MINE) and sorted(p.name for p in mine.rglob("*")) == ["config.json", "model", "model.safetensors"]
 
 
 def test_a_save_killed_midway_leaves_a_tmp_the_next_start_removes(base, tmp_path, monkeypatch, capsys):
