@@ -85,13 +85,14 @@ def add_peft_lora(model, r, alpha, dropout, targets, generator=None, **peft):
     return model
 
 
-def save_adapter(model, path, base_model_name_or_path="", state=None, base_fingerprint=""):
+def save_adapter(model, path, base_model_name_or_path="", state=None, base_fingerprint="", base_files=None):
     """adapter_config.json + adapter_model.safetensors in PEFT's LoRA format, written atomically, in the
     checkpoint's module names (Dream's for Dream): the targets as given when PEFT on the official model matches them
     to the same modules (the paper's q_proj, k_proj, v_proj always do), else the adapted modules' full names; and
     the modules whose rank or alpha differ from the run's in rank_pattern / alpha_pattern under their full names.
     state: as in model.merged_state_dict. base_fingerprint: the base folder's (longjob.folder_fingerprint), kept in
-    ADAPTER_BASE beside them (PEFT reads neither more nor less), so the adapter, copied anywhere, names its base."""
+    ADAPTER_BASE beside them (PEFT reads neither more nor less), so the adapter, copied anywhere, names its base; with
+    base_files, its fingerprint file by file (longjob.file_fingerprints: what longjob.check_adapter compares)."""
     if not (layers := lora_layers(model)):
         raise ValueError("the model has no LoRA adapters to save")
     cfg, name_of = model.lora_config, model.config.checkpoint_name
@@ -115,7 +116,8 @@ def save_adapter(model, path, base_model_name_or_path="", state=None, base_finge
         (tmp / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2) + "\n")
         save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
         if base_fingerprint:  # not in the safetensors metadata: two keys there are written in a random order
-            (tmp / ADAPTER_BASE).write_text(json.dumps({"base_fingerprint": base_fingerprint}) + "\n")
+            record = {"base_fingerprint": base_fingerprint} | ({"base_files": base_files} if base_files else {})
+            (tmp / ADAPTER_BASE).write_text(json.dumps(record) + "\n")
 
 
 def read_adapter_config(path):

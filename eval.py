@@ -828,8 +828,8 @@ def main(argv=None):
         model = load_weights(args.folder, args.adapter, dtype, device, merge=True).eval()  # mask token: load_data's
 
         def on_batch(new):  # a new records file comes with its first batch, locked: kept open to the end
-            nonlocal lock
-            lock = append_records(records_path, new, settings) or lock
+            if (new_lock := append_records(records_path, new, settings)) is not None:
+                lock.callback(new_lock.close)  # beside the run's own (longjob.lock_records)
         runs = evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch if records_path else None)
         if rank == 0:
             report(args, settings, len(items), runs, out, records_path)

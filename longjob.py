@@ -227,7 +227,9 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt")  # a fast token
 
 def folder_fingerprint(folder):
     """sha256 of a Hugging Face folder's config.json, tokenizer (TOKENIZER_FILES) and weights, every byte of them: a
-    model re-merged or retrained into the same path is another model for eval's resume, --resume and check_adapter."""
+    model re-merged or retrained into the same path is another model for eval's resume, --resume and check_adapter.
+    The identity every record holds (trainer.json's, eval.py's, adapter_base.json's), so its recipe never moves; where
+    a record also holds file_fingerprints, "the same base" is decided file by file (base_changes)."""
     folder = Path(folder)
     tokenizer = TOKENIZER_FILES[:1] if (folder / TOKENIZER_FILES[0]).is_file() else TOKENIZER_FILES[1:]
     return hash_weights(hash_files(folder, ("config.json",) + tokenizer), folder).hexdigest()[:16]
@@ -286,18 +288,32 @@ def tensors_fingerprint(model):
     return h.hexdigest()[:16]
 
 
+def file_fingerprint(path):
+    """sha256 of a base folder's file as "the same base" reads it: a JSON file's parsed content in canonical form
+    (sorted keys, no spaces), so that a re-indented config.json is the same file; any other file's bytes."""
+    data = Path(path).read_bytes()
+    if Path(path).name.endswith(".json"):
+        with contextlib.suppress(ValueError, RecursionError):  # not JSON: its bytes
+            data = json.dumps(json.loads(data), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
 def file_fingerprints(folder):
-    """The base folder's fingerprint file by file, for --resume to name the one that changed (JSON canonically)."""
-    folder, prints = Path(folder), {}
-    for name in ("config.json",) + TOKENIZER_FILES:
-        if (folder / name).is_file():
-            data = (folder / name).read_bytes()
-            if name.endswith(".json"):
-                with contextlib.suppress(ValueError):  # not JSON: its bytes
-                    data = json.dumps(json.loads(data), sort_keys=True, separators=(",", ":")).encode()
-            prints[name] = hashlib.sha256(data).hexdigest()[:16]
-    prints["weights"] = hash_weights(hashlib.sha256(), folder).hexdigest()[:16]  # as folder_fingerprint
+    """The base folder's fingerprint file by file (file_fingerprint; the weights as folder_fingerprint hashes them),
+    which --resume and an adapter's record compare (base_changes)."""
+    folder = Path(folder)
+    prints = {name: file_fingerprint(folder / name) for name in ("config.json",) + TOKENIZER_FILES
+              if (folder / name).is_file()}
+    prints["weights"] = hash_weights(hashlib.sha256(), folder).hexdigest()[:16]
     return prints
+
+
+def base_changes(then, now):
+    """The one rule of "the same base model", --resume's and an adapter's: the files whose fingerprints differ between
+    two file_fingerprints (then: recorded; now: the folder's), as "name (fingerprint A then, B now)"; [] for the
+    same."""
+    return [f"{name} (fingerprint {then.get(name)} then, {now.get(name)} now)"
+            for name in sorted(then.keys() | now.keys()) if then.get(name) != now.get(name)]
 
 
 def check_same_inputs(fingerprints):
@@ -313,8 +329,10 @@ def check_same_inputs(fingerprints):
 
 def check_adapter(folder, adapter):
     """--adapter against the model folder, before either loads: a one-line ValueError for a gift.py checkpoint's merged
-    export given with its own adapter (added twice), or its adapter, in its checkpoint or copied anywhere, on a base of
-    another fingerprint than trained on (the one save_adapter recorded, else its checkpoint's trainer.json's)."""
+    export given with its own adapter (added twice), or its adapter, in its checkpoint or copied anywhere, on another
+    base than trained on (the one save_adapter recorded, else its checkpoint's trainer.json's): file by file where the
+    record has them (base_changes, --resume's rule: a re-indented config.json is the same base), else (a record of
+    older code) by folder_fingerprint, every byte."""
     if not adapter:
         return
     if problem := adapter_problem(adapter):  # a model folder given as --adapter, a checkpoint, ...
@@ -327,32 +345,41 @@ def check_adapter(folder, adapter):
                          "base with this adapter already folded in, so it would be applied twice; drop --adapter, or "
                          "give the base model with it")
     record = adapter_dir / ADAPTER_BASE
-    then = adapter_base(record)  # save_adapter's record of the base
+    then, files = adapter_base(record)  # save_adapter's record of the base
     if not then:  # saved without it (PEFT's own, an older one): its gift.py checkpoint's, if it sits in one
         try:
             meta, record = read_json(checkpoint / "trainer.json"), checkpoint / "trainer.json"
             then = meta["options"]["model"] and meta["fingerprints"]["model"]  # the embedded task's base: in memory
-        except (OSError, ValueError, KeyError, TypeError):
+            files = meta["fingerprints"].get("files")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return  # nothing recorded to compare with
-    if then and (now := folder_fingerprint(folder)) != then:
+    if not then:
+        return
+    changed = base_changes(files, file_fingerprints(folder)) if isinstance(files, dict) else []
+    if (changed or not isinstance(files, dict)) and (now := folder_fingerprint(folder)) != then:
+        what = f"; its {', '.join(changed)}" if changed else ""
         raise ValueError(f"--adapter {adapter}: trained on a base model with fingerprint {then} ({record}), but "
-                         f"{folder} has fingerprint {now}: another model (a merged export, another base, or one "
+                         f"{folder} has fingerprint {now}{what}: another model (a merged export, another base, or one "
                          "replaced or retrained into the same path); give the base it was trained on")
 
 
 def adapter_base(record):
-    """The base fingerprint in an adapter's ADAPTER_BASE, None where there is none (PEFT's own adapter): one that
-    exists but cannot be read (not JSON, not save_adapter's object, a FIFO) is a ValueError naming it, never "none"."""
+    """(the base fingerprint, its file_fingerprints) in an adapter's ADAPTER_BASE; (None, None) where there is none
+    (PEFT's own adapter); the files None in a record of older code, which has only the fingerprint. One that exists
+    but cannot be read (not JSON, not save_adapter's object, a FIFO) is a ValueError naming it, never "none"."""
     if not os.path.lexists(record):
-        return None
+        return None, None
     hint = ": save_adapter's record of the adapter's base is damaged; copy it again from the adapter's checkpoint"
     try:
-        then = read_json(record).get("base_fingerprint")
+        saved = read_json(record)
     except (OSError, ValueError) as e:
         raise ValueError(f"{e}{hint}") from None
+    then, files = saved.get("base_fingerprint"), saved.get("base_files")
     if not isinstance(then, str) or not then:
         raise ValueError(f"{record}: no base_fingerprint string{hint}")
-    return then
+    if files is not None and not (isinstance(files, dict) and all(isinstance(v, str) for v in files.values())):
+        raise ValueError(f"{record}: base_files is not an object of fingerprints{hint}")
+    return then, files
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -480,7 +507,7 @@ def lock_file(path, note=True):
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.seek(0)
-        holder = note and lock.read().strip() or "another process"
+        holder = note and lock.read().strip() or flock_holder(lock) or "another process"
         lock.close()
         return None, holder
     except OSError as e:
@@ -491,6 +518,18 @@ def lock_file(path, note=True):
         lock.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
         lock.flush()
     return lock, None
+
+
+def flock_holder(f):
+    """ "pid N on HOST" holding a flock on the open file `f`, from Linux's /proc/locks (N: FLOCK ADVISORY WRITE pid
+    MAJ:MIN:INODE ...), else None (another system, or a holder on another host)."""
+    st = os.fstat(f.fileno())
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with contextlib.suppress(OSError), open("/proc/locks") as locks:
+        for fields in map(str.split, locks):
+            if fields[1:2] == ["FLOCK"] and fields[5:6] == [where]:
+                return f"pid {fields[4]} on {socket.gethostname()}"
+    return None
 
 
 WANDB_ID = "wandb_run_id"  # <out>/wandb_run_id: the W&B run this output folder logs to (--wandb-project)
@@ -515,7 +554,8 @@ EXPORTED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"
             "added_tokens.json", "chat_template.jinja", "generation_config.json", GENERATION_DEFAULTS, "modeling_*.py",
             "configuration_*.py", "generation_utils.py", "tokenization_*.py")
 # step-N/manifest.json: every file its save wrote (write_checkpoint), the run's; anything else there is a user's. A
-# checkpoint without one (older code's, tests/data/ebf2705) keeps the name rule: each part's files as written, below
+# checkpoint without one (older code's, tests/data/ebf2705; a save killed before its manifest) keeps the name rule,
+# each part's files as written, below, but only where its trainer.json names it (names_this_run): else all is a user's
 # (older code's embedded runs also exported their held-out puzzles, sudoku_heldout.csv: a name of the past, fixed)
 MANIFEST = "manifest.json"
 MODEL_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json", *EXPORTED, "sudoku_heldout.csv")
@@ -578,8 +618,8 @@ def claim_output_folder(out, resume, overwrite, replaced=None):
                 shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
         for tmp in (out / "checkpoints").glob("*.tmp"):  # interrupted saves (tens of GB each at 8B)
             if tmp.is_dir() and not tmp.is_symlink() and CHECKPOINT_NAME.fullmatch(tmp.name):
-                print(f"removing {tmp}, left by an interrupted save")
-                delete_own_files(tmp)
+                if not delete_own_files(tmp):  # a user's files in it, or no trainer.json naming it: kept, said
+                    print(f"removed {tmp}, left by an interrupted save")
     except BaseException:
         lock.close()
         raise
@@ -891,8 +931,8 @@ class CheckpointManager:
 
 def listed_files(folder):
     """The files (relative paths) checkpoint `folder`'s MANIFEST lists, itself included; None for a checkpoint of older
-    code (no manifest, and trainer.json names none). Unreadable, or missing where trainer.json names it: set(), nothing
-    is the run's (rotation keeps the checkpoint whole, saying so)."""
+    code or a save killed before its manifest (no manifest, and trainer.json names none). Unreadable, or missing where
+    trainer.json names it: set(), nothing is the run's (rotation keeps the checkpoint whole, saying so)."""
     if not os.path.lexists(folder / MANIFEST):
         return set() if json_or_empty(folder / "trainer.json").get("manifest") == MANIFEST else None
     with contextlib.suppress(OSError, ValueError):
@@ -902,11 +942,26 @@ def listed_files(folder):
     return set()
 
 
+def names_this_run(folder):
+    """Whether a checkpoint folder without a manifest (older code's, or a save killed before it) is this run's, so that
+    its files are matched by name: its trainer.json (a file, not a link) records this very step (state.step, the N of
+    step-N or step-N.tmp) among the run's checkpoints (state.checkpoints), in the run's own checkpoints/ folder (not
+    one a link leads to). Otherwise nothing in it is the run's: a user's step-N.tmp/model/ is never deleted."""
+    name = folder.name.removesuffix(".tmp")
+    if folder.parent.is_symlink() or (folder / "trainer.json").is_symlink() or checkpoint_step(name) is None:
+        return False
+    state = json_or_empty(folder / "trainer.json").get("state")
+    return (isinstance(state, dict) and state.get("step") == checkpoint_step(name)
+            and isinstance(state.get("checkpoints"), list) and name in state["checkpoints"])
+
+
 def checkpoint_files(folder):
-    """(ours, theirs): the paths under a step-N folder, at any depth, that its save wrote (listed_files, or for an
-    older checkpoint the names of PART_FILES), and the others (a user's notes, an eval.json beside model/, a symbolic
-    link), which nothing of the run deletes."""
+    """(ours, theirs): the paths under a step-N folder, at any depth, that its save wrote (listed_files, or for a
+    checkpoint without a manifest that names_this_run, the names of PART_FILES), and the others (a user's notes, an
+    eval.json beside model/, a symbolic link, all of a folder no trainer.json names), which nothing of the run
+    deletes."""
     ours, theirs, listed = [], [], listed_files(folder)
+    by_name = listed is None and names_this_run(folder)
     for root, dirs, files in os.walk(folder):
         rel = Path(root).relative_to(folder)
         for name in files + [d for d in dirs if Path(root, d).is_symlink()]:
@@ -915,6 +970,8 @@ def checkpoint_files(folder):
                 own = False
             elif listed is not None:
                 own = (rel / name).as_posix() in listed
+            elif not by_name:
+                own = False
             elif rel == Path("."):
                 own = name in ("trainer.json", "loop_state.pt")
             else:
@@ -933,7 +990,7 @@ def delete_own_files(folder):
     """Delete a checkpoint's own files (checkpoint_files) in `folder` and the folders left empty; say what is kept."""
     ours, theirs = checkpoint_files(folder)
     if not theirs:
-        shutil.rmtree(folder, ignore_errors=True)
+        remove_whole(folder)
         return []
     for path in set(ours) - {str(folder / MANIFEST)}:
         with contextlib.suppress(OSError):
@@ -949,10 +1006,18 @@ def delete_own_files(folder):
     return theirs
 
 
+def remove_whole(folder):
+    """A folder of the run's own files removed, its parts first: a kill midway leaves the small files that name it
+    (trainer.json, the manifest), and the next start still knows it as the run's (names_this_run, listed_files)."""
+    for name in PART_FILES:
+        shutil.rmtree(folder / name, ignore_errors=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def move_into(tmp, folder):
     """A new checkpoint's files (tmp) moved into `folder`, which holds a user's files only: its manifest first (what
     it lists is the run's), trainer.json last (a kill midway leaves an incomplete checkpoint). A part that is a user's
-    file or symbolic link is refused, nothing moved."""
+    file or symbolic link, or a file of the user's where the save puts one, is refused, nothing moved."""
     targets = [folder / part.name for part in tmp.iterdir() if part.is_dir()]
     blocked = [str(t) for t in targets if t.is_symlink() or t.exists() and not t.is_dir()]
     if blocked:
@@ -960,6 +1025,11 @@ def move_into(tmp, folder):
                                     "user's where the checkpoint writes a folder); move it away")
     order = {MANIFEST: 0, "trainer.json": 2}
     files = sorted((f for f in tmp.rglob("*") if not f.is_dir()), key=lambda f: order.get(f.name, 1))
+    taken = [str(folder / f.relative_to(tmp)) for f in files if f != tmp / MANIFEST  # ours, listing nothing
+             and os.path.lexists(folder / f.relative_to(tmp))]
+    if taken:  # what is left in `folder` is the user's (delete_own_files): never replaced
+        raise OSError(errno.EEXIST, f"{', '.join(taken)}: a user's file where the checkpoint writes one (no gift.py "
+                                    "run's trainer.json names the folder); move it away")
     for f in files:
         (folder / f.relative_to(tmp)).parent.mkdir(parents=True, exist_ok=True)
         os.replace(f, folder / f.relative_to(tmp))
@@ -983,7 +1053,7 @@ def delete_checkpoint(folder):
         return True
     doomed = folder.with_name(folder.name + ".tmp")
     os.replace(folder, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
+    remove_whole(doomed)
     return True
 
 
@@ -1024,8 +1094,8 @@ def save_checkpoint(model, optimizer, folder, trainer, loop_state, lora, export)
     try:
         write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, export)
     except (OSError, CheckpointException) as e:  # disk full, file too large, no permission: say where, free the space
-        if is_rank0():
-            shutil.rmtree(tmp, ignore_errors=True)
+        if is_rank0() and tmp.is_dir() and not tmp.is_symlink():
+            delete_own_files(tmp)  # the save's (its trainer.json names it); a user's folder of that name stays
         why = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1][:300]
         raise OSError(getattr(e, "errno", None), f"cannot write the checkpoint {tmp} ({why}); its partial files are "
                                                  "removed; resume with --resume once it can be written") from e
@@ -1033,8 +1103,13 @@ def save_checkpoint(model, optimizer, folder, trainer, loop_state, lora, export)
 
 def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, export):
     if is_rank0():
-        shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.lexists(tmp) and (tmp.is_symlink() or delete_own_files(tmp)):  # a leftover of ours goes
+            raise OSError(errno.EEXIST, f"{tmp} holds files no gift.py run wrote, where the checkpoint is written; "
+                                        "move it away")
         tmp.mkdir(parents=True)
+        # names the folder as this run's from the start (names_this_run): a kill mid-save leaves a .tmp that start-up
+        # removes by name; rewritten last with its manifest's name
+        atomic_write_text(tmp / "trainer.json", json.dumps(trainer, indent=2))
     barrier()
     model_sd, optim_sd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=lora))
     with quiet_single_process_dcp():
@@ -1048,14 +1123,15 @@ def write_checkpoint(model, optimizer, folder, tmp, trainer, loop_state, lora, e
         module = unwrap(model)  # DDP's .module
         if lora:
             save_adapter(module, tmp / "adapter", base_model_name_or_path=export.base_name, state=full,
-                         base_fingerprint=export.base_fingerprint)
+                         base_fingerprint=export.base_fingerprint, base_files=trainer["fingerprints"].get("files"))
             if export.merged:
                 export_pretrained(module.config, merged_state_dict(module, full, export.merge_from), tmp / "merged",
                                   export.dtype, export.files)
         else:
             export_pretrained(module.config, full, tmp / "model", export.dtype, export.files)
         torch.save(loop_state, tmp / "loop_state.pt")
-        listed = sorted(f.relative_to(tmp).as_posix() for f in tmp.rglob("*") if f.is_file()) + ["trainer.json"]
+        listed = sorted(f.relative_to(tmp).as_posix() for f in tmp.rglob("*") if f.is_file() and f != tmp /
+                        "trainer.json") + ["trainer.json"]
         atomic_write_text(tmp / MANIFEST, json.dumps(listed, indent=0) + "\n")  # whole or absent, if a kill comes
         (tmp / "trainer.json").write_text(json.dumps(dict(trainer, manifest=MANIFEST), indent=2))
         if folder.is_symlink():  # never followed: a save through it would delete and write a user's files
@@ -1187,10 +1263,7 @@ def check_resumable(ckpt, opts, world, inputs, aliases=None):
         raise ValueError(f"--resume: {ckpt} was written with different options (saved, now): {differ}")
     then, base = meta["fingerprints"], opts.model or "the embedded task"
     if "files" in then and "files" in fingerprints:  # file by file (the embedded task: the whole model's fingerprint)
-        changed = [f"{name} (fingerprint {then['files'].get(name)} then, {fingerprints['files'].get(name)} now)"
-                   for name in sorted(then["files"].keys() | fingerprints["files"].keys())
-                   if then["files"].get(name) != fingerprints["files"].get(name)]
-        if changed:
+        if changed := base_changes(then["files"], fingerprints["files"]):
             raise ValueError(f"--resume: the base model changed since {ckpt}: its {', '.join(changed)} in {base}; "
                              "resume with the original base, or start over with --overwrite")
     elif then["model"] != fingerprints["model"]:
@@ -1351,13 +1424,13 @@ FINGERPRINTS = ("model_fingerprint", "adapter_fingerprint")  # of the weights th
 
 def open_output(p, args):
     """--out checked before the model loads: the summary and the records file beside it (.jsonl) must each be absent
-    or eval.py's (check_summary, check_records); rank 0 locks an existing records file (one eval per output file, as
-    gift.py's one run per folder; a new one is created and locked with its first batch: append_records). Returns
-    (summary, records, lock); Nones without --out."""
+    or eval.py's (check_summary, check_records); rank 0 locks the records file for the run's life (lock_records: one
+    eval per output file, as gift.py's one run per folder, the second refused naming the holder; a new records file is
+    also locked with its first batch: append_records). Returns (summary, records, lock); Nones without --out."""
     if not args.out:
         return None, None, None
     out = Path(args.out)
-    if out.is_dir() or out.suffix == ".jsonl":
+    if out.is_dir() or out.suffix.lower() == ".jsonl":  # up.JSONL: the records file up.jsonl itself, where case folds
         p.error(f"--out {args.out}: name the summary .json file (the records go beside it, in a .jsonl)")
     records_path = out.with_suffix(".jsonl")
     inputs = {os.path.realpath(f): flag for flag, f in (("--data", args.data), ("--shot-data", args.shot_data)) if f}
@@ -1372,16 +1445,44 @@ def open_output(p, args):
         out.parent.mkdir(parents=True, exist_ok=True)
         if not os.access(out.parent, os.W_OK):
             raise PermissionError(errno.EACCES, "permission denied")
-        if int(os.environ.get("RANK", "0")) == 0 and records_path.exists():  # before the process group starts
-            lock, _ = lock_file(records_path, note=False)
-            if lock is None:
-                p.error(f"--out {args.out}: another eval.py is writing {records_path}; wait for it, or use another "
-                        "--out")
+        if int(os.environ.get("RANK", "0")) == 0:  # before the process group starts
+            lock = lock_records(records_path)
+            if isinstance(lock, str):
+                p.error(f"--out {args.out}: another eval.py is writing {records_path} ({lock}); one evaluation per "
+                        "--out at a time: wait for it, or use another --out")
     except ValueError as e:
         p.error(str(e))
     except OSError as e:
         p.error(f"--out {args.out}: cannot write {records_path} ({e.strerror})")
     return out, records_path, lock
+
+
+LOCKS = WEIGHT_HASH_CACHE.parent / "locks"  # eval.py's: one lock file per records file (never beside a user's files)
+
+
+def lock_records(path):
+    """Rank 0: the records file `path` locked for the run's life: LOCKS/<its real path's hash>.lock (lock_file, naming
+    its holder; the records file may not exist yet), and the records file itself where it exists (another host's run,
+    and an older eval.py's, lock that one). An ExitStack to close at the end, or the holder while another eval.py
+    writes there: one process per --out at a time."""
+    key = hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:16]
+    stack = contextlib.ExitStack()
+    for lock_path, note in ((LOCKS / f"{key}.lock", True), (path, False)):
+        if not (note or path.exists()):
+            continue
+        try:
+            lock_path.parent.mkdir(parents=True, exist_ok=True)
+            lock, holder = lock_file(lock_path, note=note)
+        except OSError as e:
+            if not note:
+                raise
+            print(f"warning: cannot lock {lock_path} ({e}); make sure no other eval.py writes {path}", file=sys.stderr)
+            continue
+        if lock is None:
+            stack.close()
+            return holder
+        stack.callback(lock.close)
+    return stack
 
 
 def parse_record(line):

@@ -122,3 +122,4 @@ def test_an_adapter_base_record_that_is_a_fifo_is_refused(adapter):
     status, said = run_on_fifo(f"import longjob; longjob.check_adapter({str(base)!r}, {str(folder)!r})",
                                folder / ADAPTER_BASE)
     assert status != 0 and "ValueError" in said and f"{folder / ADAPTER_BASE}: not a regular file" in said, said
+
