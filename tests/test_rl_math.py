@@ -154,6 +154,7 @@ def test_a_group_of_equal_rewards_counts_in_the_mean_as_zero():
     assert loss == rl.wd1_loss(logp_sums[G:], rewards[G:], G) / 2  # 0 and the other group's loss, halved
 
 
+@pytest.mark.numerics
 def test_float32_loss_matches_the_formula():
     """A float32 loss (the autocast path) casts the rewards to float32: G products of magnitude <= 30, summed."""
     G, P = 6, 3
@@ -260,9 +261,9 @@ def test_group_loss_sums_log_p_over_the_completion_mask_only(family, one_thread)
     model = tiny(family)
     G, P, C, eos = 4, 6, 9, 46
     prompt, completions = rollout_like(G, P, C, 3)
-    completions[1, 2], completions[1, 5] = eos, 11  # a token after the first EOS: outside the mask
+    completions[1] = torch.tensor([3, 4, eos, eos, eos, 11, eos, 12, 13])  # tokens after the first EOS: outside
     mask = rl.completion_mask(completions, eos)
-    assert mask.sum(dim=1).tolist() == [C, 3, *mask.sum(dim=1).tolist()[2:3], 1]
+    assert mask[0].all() and mask[1].sum() == 3 and mask[-1].sum() == 1  # no EOS; EOS third; EOS first
     rewards = torch.tensor([0.0, 1.0, 0.5, 0.25])
     with torch.no_grad():
         loss, logp_sums = rl.group_loss(model, prompt, completions, mask, rewards, 0.5, gen(4), 47)
@@ -677,5 +678,5 @@ def test_rollout_prompts_is_a_permutation_per_pass(n_items, P):
             assert sorted(seen) == list(range(n_items))
     flat = [[i for r in rollouts for i in r] for rollouts in passes]
     assert flat[0] != flat[1] and flat[1] != flat[2]  # each pass its own order
-    assert rl.rollout_prompts(n_items, 1, P, seed=3) == passes[0][min(1, per_pass - 1)] or per_pass == 1
+    assert rl.rollout_prompts(n_items, 0, P, seed=3) == passes[0][0]  # deterministic
     assert [rl.rollout_prompts(n_items, k, P, seed=4) for k in range(per_pass)] != passes[0]  # the seed matters
