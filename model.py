@@ -856,6 +856,8 @@ def atomic_folder(path, own=None):
     old one, each replacing its namesake whole (JSON last), after those matching the regex `own` it does not replace
     are deleted; other files are left alone, as by HF's save_pretrained."""
     path = Path(path)
+    if path.exists() and not path.is_dir():  # found before anything is written: no copy of the weights left beside it
+        raise ValueError(f"{path}: a file, not a folder; a model or adapter is saved as a folder of files")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
     try:
