@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from model import check_prompt, check_value, open_regular, padded_positions, read_json_file, shift_right, unwrap
+from model import (check_prompt, check_value, open_regular, padded_positions, read_json, read_json_file, shift_right,
+                   unwrap)
 
 # -----------------------------------------------------------------------------
 # The tokenizer: the slow Qwen2 tokenizer's files, read as transformers' Qwen2Converter builds the fast one
@@ -105,6 +106,15 @@ def qwen2_tokenizer(folder):
             raise ValueError(f"{source}: added token {token.content!r} has id {i}, but after the {len(vocab)} tokens "
                              f"of vocab.json it gets id {got}: the added tokens' ids must follow the vocabulary's")
     return tokenizer
+
+
+def named_token(folder, field, default=None):
+    """The token that a model folder's tokenizer_config.json names in `field` (a special-token field: "bos_token" is
+    Dream-v0's <|beginoftext|>, LLaDA-8B's <|startoftext|>), as transformers reads it; without the file or the field
+    (or null, Qwen2's BOS), `default`."""
+    path = Path(folder) / "tokenizer_config.json"
+    token = read_json(path).get(field) if path.exists() else None  # a FIFO is refused (open_regular)
+    return default if token is None else _added_token(token, path).content
 
 
 # -----------------------------------------------------------------------------
