@@ -10,6 +10,7 @@ answer (they are noised and trained on, as in LLaDA's SFT, so the model learns w
 
 import argparse
 import array
+import collections
 import functools
 import hashlib
 import json
@@ -115,8 +116,7 @@ def _encoding(tokenizer, text):
 
 
 def _token_id(tokenizer, token):
-    token_id = tokenizer.token_to_id(token)
-    if token_id is None:
+    if (token_id := tokenizer.token_to_id(token)) is None:
         raise ValueError(f"the tokenizer has no {token!r} token, which LLaDA's chat format needs "
                          "(is this LLaDA's tokenizer.json? embedded.make_char_tokenizer() builds a tiny one with it)")
     return token_id
@@ -148,8 +148,7 @@ def check_chat_tokens(tokenizer, where, hint=""):
                 f"it is neither LLaDA's nor Dream's (ChatML, {IM_START})")
         raise ValueError(f"{where}: its tokenizer has no chat token {', '.join(missing)}: {what}, so there is no chat "
                          f"format to wrap the prompt in{hint}")
-    split = [token for token in ids if (e := _encoding(tokenizer, token)) is None or e.ids != [ids[token]]]
-    if split:
+    if split := [token for token in ids if (e := _encoding(tokenizer, token)) is None or e.ids != [ids[token]]]:
         raise ValueError(f"{where}: its tokenizer does not read {', '.join(split)} in text as one token (a plain "
                          "vocabulary entry, spelled out in pieces); it must be listed under 'added_tokens' in "
                          f"tokenizer.json{hint}")
@@ -183,18 +182,17 @@ def check_mask_token(tokenizer, config):
             raise ValueError(f"config.json field {name!r} = {getattr(config, name)} is outside the embedding "
                              f"(embedding_size = {E}: ids 0 .. {E - 1}); config.json belongs to another model?")
     mask_id, mask = config.mask_token_id, CHAT_FORMATS[chat_format(tokenizer)].mask
-    tokenizer_mask_id = tokenizer.token_to_id(mask)  # None without one
-    if tokenizer_mask_id is not None and tokenizer_mask_id != mask_id:
+    if (tokenizer_mask_id := tokenizer.token_to_id(mask)) not in (None, mask_id):  # None: the tokenizer has none
         raise ValueError(f"config.json field 'mask_token_id' = {mask_id}, but the tokenizer's {mask!r} token is id "
                          f"{tokenizer_mask_id}: tokenizer.json and config.json come from different models (or set "
                          f"mask_token_id to {tokenizer_mask_id})")
     added = tokenizer.get_added_tokens_decoder()
-    for name, llada, dream in (("mask_token_id", MASK, DREAM_MASK), ("eos_token_id", EOS, EOS)):
+    for name, which in (("mask_token_id", f"{MASK!r} in LLaDA's tokenizer.json, {DREAM_MASK!r} in Dream's"),
+                        ("eos_token_id", f"{EOS!r} in LLaDA's and Dream's")):
         token_id = getattr(config, name)
         if (token := tokenizer.id_to_token(token_id)) is not None and not getattr(added.get(token_id), "special", 0):
             raise ValueError(f"config.json field {name!r} = {token_id} is the tokenizer's ordinary token {token!r}, "
-                             f"which text produces; it must be a special token ({llada!r} in LLaDA's tokenizer.json, "
-                             f"{dream!r} in Dream's)")
+                             f"which text produces; it must be a special token ({which})")
 
 
 # -----------------------------------------------------------------------------
@@ -384,11 +382,8 @@ def check_cr_only(path, line_no, raw):
 def json_object(path, line_no, raw):
     """One JSONL line (bytes) as a JSON object, for training and benchmark files alike, or a BadRow saying why not."""
     def unique_keys(pairs):  # an object, refusing a key given twice (json.loads keeps the last silently)
-        keys = set()
-        for key, _ in pairs:
-            if key in keys:
-                raise BadRow(None, f"the key {key!r} is given twice (which one is meant?)")
-            keys.add(key)
+        if twice := [key for key, n in collections.Counter(key for key, _ in pairs).items() if n > 1]:
+            raise BadRow(None, f"the key {twice[0]!r} is given twice (which one is meant?)")
         return dict(pairs)
 
     try:

@@ -78,8 +78,7 @@ FAMILIES = {  # config.json's model_type -> the family (none: LLaDA, a config ma
     "Dream": Family("Dream-v0", DREAM_FIELDS, DREAM_MODULES, dict(include_qkv_bias=True, embedding_size=None),
                     may_tie_head=True, predicts_shifted=True, rope_in_float32=False, pad_attends_nothing=True),
 }
-# config.json's fields of what neither family computes, each with its value that turns it off: any other is refused by
-# name, in both families alike (Qwen2 reads sliding_window only under use_sliding_window; without that flag, any size)
+# config.json's fields of what neither family computes, each at its value that turns it off: refused alike otherwise
 TURNED_OFF = dict(rope_scaling=None, use_sliding_window=False, sliding_window=None)
 
 TIED_HEAD = "model.transformer.ff_out.weight"  # with weight_tying, the embedding matrix: not stored a second time
@@ -162,7 +161,7 @@ class LLaDAConfig:
         # Dream-v0 (Qwen2.5) computes LLaDA's fixed choices but two: biases on q, k, v, and a head tied or not
         required = {f.name: family.implied.get(f.name, f.default) for f in dataclasses.fields(self)
                     if f.metadata.get("fixed") and not (f.name == "weight_tying" and family.may_tie_head)}
-        window = "use_sliding_window" if "use_sliding_window" in self.extra else "sliding_window"
+        window = "use_sliding_window" if "use_sliding_window" in self.extra else "sliding_window"  # Qwen2's, or a size
         fixed = ([(n(k), getattr(self, k), want) for k, want in required.items()]
                  + [(k, self.extra.get(k, TURNED_OFF[k]), TURNED_OFF[k]) for k in ("rope_scaling", window)])  # in extra
         for name, value, want in fixed:
@@ -671,8 +670,7 @@ def add_lora(model, r=LORA["r"], alpha=LORA["alpha"], dropout=LORA["dropout"], t
              ranks=None, alphas=None, use_rslora=False):
     """Replace the target linears (lora_target_names) by LoRALinear (A drawn from `generator`), freezing the rest.
     ranks / alphas: {module name: its own r / alpha}, PEFT's rank_pattern / alpha_pattern (adapters.py)."""
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model.requires_grad_(False)
     names = lora_target_names(model, targets)
     if not names:
         raise ValueError(f"LoRA targets {targets!r} match no linear layer of the model")
