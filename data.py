@@ -10,11 +10,11 @@ answer (they are noised and trained on, as in LLaDA's SFT, so the model learns w
 
 import argparse
 import array
+import collections
 import functools
 import hashlib
 import json
 import re
-import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +23,7 @@ import torch
 from tokenizers import Tokenizer, models
 
 from dream import qwen2_tokenizer
-from model import read_json_file
+from model import open_regular, read_json_file
 
 # -----------------------------------------------------------------------------
 # Constants: the chat formats' special token strings (their ids always come from tokenizer.json / config.json)
@@ -64,8 +64,6 @@ MAX_BAD_ROWS_KEPT = 10  # error messages of skipped rows kept in the stats for t
 # format reads (s1K's other trajectories), and a line with no end (a file without line breaks) is never held whole
 MAX_LINE_BYTES = 64 << 20
 MAX_FILE_BYTES = 256 << 20  # a data file read whole (eval.py's test and shot files: a few MB)
-NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),  # not a regular file, in words
-             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
         (b"\xfe\xff", "UTF-16"))  # byte order marks, UTF-32's first (its LE mark starts as UTF-16's)
 CR_BREAK = re.compile(rb"\r[ \t]*[^\s]")  # a line break of CR alone (classic Mac files read as one line)
@@ -85,15 +83,16 @@ def load_tokenizer(model_dir):
     """A model folder's tokenizer.json, or without one (Dream-v0's) its slow Qwen2 files, built as transformers does."""
     folder = Path(model_dir)
     path = folder / "tokenizer.json"
-    if path.is_file():
+    if path.exists():  # anything but a regular file there is refused (open_regular), not read as no tokenizer.json
         try:
-            tokenizer = Tokenizer.from_file(str(path))
+            with open_regular(path) as f:
+                tokenizer = Tokenizer.from_str(f.read().decode("utf-8"))
         except Exception as e:  # tokenizers raises a bare Exception; say whether the JSON or its content is wrong
-            read_json_file(path)
+            read_json_file(path)  # not a regular file, not UTF-8, not JSON: said here
             raise ValueError(f"{path}: valid JSON, but not a tokenizer the `tokenizers` library reads ({e}); it "
                              "must be a Hugging Face tokenizer.json (not tokenizer_config.json or a sentencepiece "
                              "model)") from None
-    elif (folder / "vocab.json").is_file():
+    elif (folder / "vocab.json").exists():
         tokenizer = qwen2_tokenizer(folder)
     else:
         raise FileNotFoundError(f"{path} not found: the model folder must hold the Hugging Face tokenizer.json (or, "
@@ -117,8 +116,7 @@ def _encoding(tokenizer, text):
 
 
 def _token_id(tokenizer, token):
-    token_id = tokenizer.token_to_id(token)
-    if token_id is None:
+    if (token_id := tokenizer.token_to_id(token)) is None:
         raise ValueError(f"the tokenizer has no {token!r} token, which LLaDA's chat format needs "
                          "(is this LLaDA's tokenizer.json? embedded.make_char_tokenizer() builds a tiny one with it)")
     return token_id
@@ -150,8 +148,7 @@ def check_chat_tokens(tokenizer, where, hint=""):
                 f"it is neither LLaDA's nor Dream's (ChatML, {IM_START})")
         raise ValueError(f"{where}: its tokenizer has no chat token {', '.join(missing)}: {what}, so there is no chat "
                          f"format to wrap the prompt in{hint}")
-    split = [token for token in ids if (e := _encoding(tokenizer, token)) is None or e.ids != [ids[token]]]
-    if split:
+    if split := [token for token in ids if (e := _encoding(tokenizer, token)) is None or e.ids != [ids[token]]]:
         raise ValueError(f"{where}: its tokenizer does not read {', '.join(split)} in text as one token (a plain "
                          "vocabulary entry, spelled out in pieces); it must be listed under 'added_tokens' in "
                          f"tokenizer.json{hint}")
@@ -173,8 +170,8 @@ def special_ids(tokenizer, config, where="the tokenizer"):
 
 
 def check_mask_token(tokenizer, config):
-    """config.json's token ids against the model and the tokenizer: each a row of the embedding, and mask_token_id the
-    tokenizer's mask token, never an ordinary one (which the model could not tell apart from a masked position)."""
+    """config.json's token ids against the model and the tokenizer: each a row of the embedding, mask_token_id the
+    tokenizer's mask token, it and eos_token_id never an ordinary one (text would hold masks, or end a generation)."""
     E, size = config.embedding_size, tokenizer.get_vocab_size(with_added_tokens=True)
     if size > E:  # its last ids would index past the embedding (an IndexError, or a CUDA assert, mid-generation)
         raise ValueError(f"the tokenizer has {size} tokens (ids up to {size - 1}) but the model's embedding only "
@@ -185,16 +182,17 @@ def check_mask_token(tokenizer, config):
             raise ValueError(f"config.json field {name!r} = {getattr(config, name)} is outside the embedding "
                              f"(embedding_size = {E}: ids 0 .. {E - 1}); config.json belongs to another model?")
     mask_id, mask = config.mask_token_id, CHAT_FORMATS[chat_format(tokenizer)].mask
-    tokenizer_mask_id = tokenizer.token_to_id(mask)  # None without one
-    if tokenizer_mask_id is not None and tokenizer_mask_id != mask_id:
+    if (tokenizer_mask_id := tokenizer.token_to_id(mask)) not in (None, mask_id):  # None: the tokenizer has none
         raise ValueError(f"config.json field 'mask_token_id' = {mask_id}, but the tokenizer's {mask!r} token is id "
                          f"{tokenizer_mask_id}: tokenizer.json and config.json come from different models (or set "
                          f"mask_token_id to {tokenizer_mask_id})")
-    token, added = tokenizer.id_to_token(mask_id), tokenizer.get_added_tokens_decoder()
-    if token is not None and not (mask_id in added and added[mask_id].special):
-        raise ValueError(f"config.json field 'mask_token_id' = {mask_id} is the tokenizer's ordinary token {token!r}, "
-                         f"which text produces; the mask must be a special token ({MASK!r} in LLaDA's tokenizer.json, "
-                         f"{DREAM_MASK!r} in Dream's)")
+    added = tokenizer.get_added_tokens_decoder()
+    for name, which in (("mask_token_id", f"{MASK!r} in LLaDA's tokenizer.json, {DREAM_MASK!r} in Dream's"),
+                        ("eos_token_id", f"{EOS!r} in LLaDA's and Dream's")):
+        token_id = getattr(config, name)
+        if (token := tokenizer.id_to_token(token_id)) is not None and not getattr(added.get(token_id), "special", 0):
+            raise ValueError(f"config.json field {name!r} = {token_id} is the tokenizer's ordinary token {token!r}, "
+                             f"which text produces; it must be a special token ({which})")
 
 
 # -----------------------------------------------------------------------------
@@ -325,10 +323,7 @@ def check_data_file(path, fmt="auto"):
         raise ValueError(f"unknown data format {fmt!r}; choose one of {FORMATS} or 'auto'")
     if not path.exists():
         raise FileNotFoundError(f"data file {path} not found (expected JSONL: one JSON object per line)")
-    if not path.is_file():
-        kind = next((kind for test, kind in NOT_FILES if test(path.stat().st_mode)), "something else")
-        raise ValueError(f"data file {path} is not a regular file but {kind}; expected a JSONL file on disk")
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         head = f.read(1 << 16)
     # UTF-16 / UTF-32: a byte order mark, or zero bytes (UTF-8 JSON holds none) where they put them beside ASCII
     zeros = [head[k::4].count(0) / max(len(head[k::4]), 1) for k in range(4)]  # at each position modulo 4
@@ -351,7 +346,7 @@ def check_data_file(path, fmt="auto"):
 def read_data_file(path, max_bytes=MAX_FILE_BYTES):
     """A whole data file's bytes (eval.py's, hashed as read) after check_data_file, refused beyond max_bytes."""
     path = check_data_file(path)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         raw = f.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise ValueError(f"data file {path} is larger than {max_bytes >> 20} MiB, more than a test file holds; give "
@@ -387,11 +382,8 @@ def check_cr_only(path, line_no, raw):
 def json_object(path, line_no, raw):
     """One JSONL line (bytes) as a JSON object, for training and benchmark files alike, or a BadRow saying why not."""
     def unique_keys(pairs):  # an object, refusing a key given twice (json.loads keeps the last silently)
-        keys = set()
-        for key, _ in pairs:
-            if key in keys:
-                raise BadRow(None, f"the key {key!r} is given twice (which one is meant?)")
-            keys.add(key)
+        if twice := [key for key, n in collections.Counter(key for key, _ in pairs).items() if n > 1]:
+            raise BadRow(None, f"the key {twice[0]!r} is given twice (which one is meant?)")
         return dict(pairs)
 
     try:
@@ -526,7 +518,7 @@ def load_dataset(path, tokenizer, fmt="auto", max_len=4096, skip_bad_rows=False)
                 examples.append((torch.tensor(result[0], dtype=torch.int32), result[1]))
                 stats["tokens"] += len(result[0])
 
-    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad row, not the end of the file
+    with open_regular(path) as f:  # bytes: a line that is not UTF-8 is one bad row, not the end of the file
         for line_no, raw, whole in file_lines(f, max_bytes):
             if not raw.strip():
                 continue

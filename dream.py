@@ -9,13 +9,15 @@ tokenizer, and its own sampler.
   this one is `python sample.py --sampler dream` (docs/samplers.md).
 """
 
+import io
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
-from model import check_prompt, check_value, padded_positions, read_json_file, shift_right, unwrap
+from model import (check_prompt, check_value, open_regular, padded_positions, read_json, read_json_file, shift_right,
+                   unwrap)
 
 # -----------------------------------------------------------------------------
 # The tokenizer: the slow Qwen2 tokenizer's files, read as transformers' Qwen2Converter builds the fast one
@@ -32,11 +34,11 @@ QWEN2_SPECIAL_DEFAULTS = dict(unk_token="<|endoftext|>", eos_token="<|endoftext|
 def _bpe_merges(path, vocab):
     """merges.txt read as the slow tokenizer reads it (a "#version:" first line and blank lines skipped, then one
     "a b" merge a line, in rank order), each merge checked against vocab.json."""
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"{path} not found: a Qwen2 tokenizer's vocab.json needs its merges.txt (copy it "
                                 "from the model's Hugging Face folder)")
     merges = []
-    with open(path, encoding="utf-8") as f:
+    with io.TextIOWrapper(open_regular(path), encoding="utf-8") as f:  # a FIFO is refused, never read
         for n, line in enumerate(f, 1):
             line = line.strip()
             if (n == 1 and line.startswith("#version:")) or not line:
@@ -81,7 +83,7 @@ def qwen2_tokenizer(folder):
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
     # the special tokens that the config's fields name, Qwen2's defaults for the fields it leaves out
     config_path = folder / "tokenizer_config.json"
-    config = read_json_file(config_path) if config_path.is_file() else {}
+    config = read_json_file(config_path) if config_path.exists() else {}  # a FIFO is refused, not taken for none
     named = [config.get(k, QWEN2_SPECIAL_DEFAULTS.get(k)) for k in SPECIAL_TOKEN_FIELDS]
     named = [_added_token(t, config_path, special=True)
              for t in named + list(config.get("additional_special_tokens") or []) if t is not None]
@@ -91,7 +93,7 @@ def qwen2_tokenizer(folder):
         added = {int(i): _added_token(t, source) for i, t in config["added_tokens_decoder"].items()}
     else:  # older folders: added_tokens.json, {content: id}, special when a field names it
         source = folder / "added_tokens.json"
-        listed = read_json_file(source) if source.is_file() else {}
+        listed = read_json_file(source) if source.exists() else {}
         added = {i: AddedToken(t, special=t in names, normalized=t not in names) for t, i in listed.items()}
     for token in added.values():
         token.special = token.special or token.content in names
@@ -104,6 +106,15 @@ def qwen2_tokenizer(folder):
             raise ValueError(f"{source}: added token {token.content!r} has id {i}, but after the {len(vocab)} tokens "
                              f"of vocab.json it gets id {got}: the added tokens' ids must follow the vocabulary's")
     return tokenizer
+
+
+def named_token(folder, field, default=None):
+    """The token that a model folder's tokenizer_config.json names in `field` (a special-token field: "bos_token" is
+    Dream-v0's <|beginoftext|>, LLaDA-8B's <|startoftext|>), as transformers reads it; without the file or the field
+    (or null, Qwen2's BOS), `default`."""
+    path = Path(folder) / "tokenizer_config.json"
+    token = read_json(path).get(field) if path.exists() else None  # a FIFO is refused (open_regular)
+    return default if token is None else _added_token(token, path).content
 
 
 # -----------------------------------------------------------------------------

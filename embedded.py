@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from data import (CHAT_FORMATS, EOS, SUDOKU_TASK_PROMPT, _token_id, chat_format, data_fingerprint, encode_examples,
+from data import (BOS, CHAT_FORMATS, EOS, SUDOKU_TASK_PROMPT, _token_id, chat_format, data_fingerprint, encode_examples,
                   load_tokenizer, show_example, special_ids)
 from longjob import REPLACED as RUN_REPLACED
 from longjob import Export, barrier, is_rank0, json_or_empty, print0, rank_and_world, tensors_fingerprint
@@ -51,6 +51,15 @@ CHARS = dict(llada=CHAR_VOCAB, chatml=DREAM_CHAR_VOCAB)
 TINY_MODEL = dict(llada={}, chatml=dict(model_type="Dream", include_qkv_bias=True, rope_theta=1e6, rms_norm_eps=1e-6))
 # the embedded run's model (tiny_config_for's model_sizes): 0.17M parameters
 EMBEDDED_MODEL = dict(d_model=64, n_heads=4, n_kv_heads=4, n_layers=3, mlp_hidden_size=192, max_sequence_length=256)
+# and what LLaDA-8B's config.json says for transformers: its family and its modeling files (configuration_llada.py,
+# modeling_llada.py, which the official evaluation code adds), so that AutoConfig / AutoModel open an export as LLaDA's
+LLADA_HF_CONFIG = dict(model_type="llada", extra=dict(architectures=["LLaDAModelLM"], auto_map={
+    "AutoConfig": "configuration_llada.LLaDAConfig", "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
+    "AutoModel": "modeling_llada.LLaDAModelLM"}))
+# LLaDA's chat template (data.chat_prompt) in Jinja, as its tokenizer_config.json holds it for apply_chat_template
+LLADA_CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>"
+                       "\\n\\n' + m['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+                       "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}")
 
 # gift.py's options with no --model (TrainOptions fields; one given on the command line wins): a tiny model trained
 # from scratch on the 2-core CPU in about 4 minutes. A sweep over seeds (experiments/embedded_sweep/) chose lr 1e-3 and
@@ -165,6 +174,19 @@ def make_char_tokenizer(chars=None, family="llada"):
     return tokenizer
 
 
+def tokenizer_config(tokenizer):
+    """The embedded model's tokenizer_config.json for its char tokenizer, in LLaDA-8B-Instruct's fields (the added
+    tokens, BOS, EOS = pad, the chat template, a fast tokenizer's class): transformers' AutoTokenizer then reads
+    tokenizer.json as it reads LLaDA's; model_max_length is the embedded model's context."""
+    added = {str(i): {k: getattr(t, k) for k in ("content", "lstrip", "normalized", "rstrip", "single_word", "special")}
+             for i, t in sorted(tokenizer.get_added_tokens_decoder().items())}
+    return dict(add_bos_token=False, add_eos_token=False, added_tokens_decoder=added, bos_token=BOS,
+                chat_template=LLADA_CHAT_TEMPLATE, clean_up_tokenization_spaces=False, eos_token=EOS,
+                model_input_names=["input_ids", "attention_mask"],
+                model_max_length=EMBEDDED_MODEL["max_sequence_length"], pad_token=EOS,
+                tokenizer_class="PreTrainedTokenizerFast")
+
+
 def tiny_config_for(tokenizer, **model_sizes):
     """An LLaDAConfig for a tokenizer with LLaDA's special tokens (make_char_tokenizer()), or Dream's (a ChatML one: a
     Dream-v0 config, TINY_MODEL): mask and eos = pad ids from it, vocab_size = embedding_size = its size rounded up
@@ -212,11 +234,12 @@ def describe_embedded(heldout, heldout_file):
 def embedded_inputs(opts, rank, dtype, export_dtype):
     """The fields of gift.py's RunInputs for the embedded task: a tiny LLaDA initialised from the seed and its Sudoku
     puzzles. Its tokenizer, generation settings and held-out puzzles are written into --out, then into every exported
-    model folder (in `export_dtype`)."""
+    model folder (in `export_dtype`), with tokenizer_config.json and config.json's fields for transformers' loaders."""
     out = Path(opts.out)
-    files = [out / "tokenizer.json", out / GENERATION_DEFAULTS, out / EMBEDDED_EVAL["test_data"]]
+    files = [out / "tokenizer.json", out / GENERATION_DEFAULTS, out / EMBEDDED_EVAL["test_data"],
+             out / "tokenizer_config.json"]
     tokenizer, examples, heldout = embedded_task(opts.seed, opts.eval_puzzles)
-    config = tiny_config_for(tokenizer, **EMBEDDED_MODEL)
+    config = tiny_config_for(tokenizer, **EMBEDDED_MODEL, **LLADA_HF_CONFIG)
     pad_id, data = special_ids(tokenizer, config).pad, dict(data=data_fingerprint(examples), examples=len(examples))
     description = describe_embedded(heldout, files[2])
     model = LLaDA(config).init_weights(torch.Generator().manual_seed(opts.seed))
@@ -224,6 +247,7 @@ def embedded_inputs(opts, rank, dtype, export_dtype):
         tokenizer.save(str(files[0]))
         atomic_write_text(files[1], json.dumps(EMBEDDED_EVAL, indent=1) + "\n")
         atomic_write_text(files[2], "Puzzle,Solution\n" + "".join(f"{p},{s}\n" for p, s in heldout))
+        atomic_write_text(files[3], json.dumps(tokenizer_config(tokenizer), indent=2) + "\n")
     fingerprints = dict(data, model=tensors_fingerprint(model))
     barrier()
     print0(description)
@@ -250,6 +274,7 @@ REPLACED = RUN_REPLACED | {
     "results.json": lambda path: {"heldout", "train_seconds", "options"} <= json_or_empty(path).keys(),
     "tokenizer.json": lambda path: json_or_empty(path) == json.loads(make_char_tokenizer().to_str()),
     GENERATION_DEFAULTS: lambda path: json_or_empty(path) == EMBEDDED_EVAL,
+    "tokenizer_config.json": lambda path: json_or_empty(path) == tokenizer_config(make_char_tokenizer()),
     EMBEDDED_EVAL["test_data"]: _embedded_heldout}
 
 

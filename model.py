@@ -25,6 +25,7 @@ import numbers
 import os
 import re
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +66,6 @@ class Family:
     fields: dict  # config.json's names of our fields and their defaults, {} = ours (LLaDA's)
     modules: tuple  # checkpoint names of our modules, () = ours
     implied: dict  # fields its config.json does not say (Dream: q/k/v biases, embedding rows = vocab_size)
-    unsupported: dict  # its config.json fields we do not compute, with the value we do: any other refused by name
     may_tie_head: bool  # the LM head may be the embedding matrix (weight_tying)
     predicts_shifted: bool  # the logits at position i - 1 predict token i (its generation code shifts them right)
     rope_in_float32: bool  # RoPE in float32 (LLaDA's rope_full_precision); else in the activations' dtype (Dream)
@@ -73,12 +73,13 @@ class Family:
 
 
 FAMILIES = {  # config.json's model_type -> the family (none: LLaDA, a config made in code)
-    "llada": Family("LLaDA-8B", {}, (), {}, {}, may_tie_head=False, predicts_shifted=False, rope_in_float32=True,
+    "llada": Family("LLaDA-8B", {}, (), {}, may_tie_head=False, predicts_shifted=False, rope_in_float32=True,
                     pad_attends_nothing=False),
     "Dream": Family("Dream-v0", DREAM_FIELDS, DREAM_MODULES, dict(include_qkv_bias=True, embedding_size=None),
-                    dict(use_sliding_window=False, rope_scaling=None), may_tie_head=True, predicts_shifted=True,
-                    rope_in_float32=False, pad_attends_nothing=True),
+                    may_tie_head=True, predicts_shifted=True, rope_in_float32=False, pad_attends_nothing=True),
 }
+# config.json's fields of what neither family computes, each at its value that turns it off: refused alike otherwise
+TURNED_OFF = dict(rope_scaling=None, use_sliding_window=False, sliding_window=None)
 
 TIED_HEAD = "model.transformer.ff_out.weight"  # with weight_tying, the embedding matrix: not stored a second time
 
@@ -160,8 +161,9 @@ class LLaDAConfig:
         # Dream-v0 (Qwen2.5) computes LLaDA's fixed choices but two: biases on q, k, v, and a head tied or not
         required = {f.name: family.implied.get(f.name, f.default) for f in dataclasses.fields(self)
                     if f.metadata.get("fixed") and not (f.name == "weight_tying" and family.may_tie_head)}
+        window = "use_sliding_window" if "use_sliding_window" in self.extra else "sliding_window"  # Qwen2's, or a size
         fixed = ([(n(k), getattr(self, k), want) for k, want in required.items()]
-                 + [(k, self.extra.get(k, want), want) for k, want in family.unsupported.items()])  # kept in extra
+                 + [(k, self.extra.get(k, TURNED_OFF[k]), TURNED_OFF[k]) for k in ("rope_scaling", window)])  # in extra
         for name, value, want in fixed:
             if value != want:
                 raise ValueError(f"{source}: field {name!r} = {value!r} is not supported (this implementation "
@@ -472,11 +474,10 @@ def weight_files(path):
     path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.exists():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"{index}: not a safetensors index ({e}); it must be a JSON object whose 'weight_map' "
-                             "maps each tensor name to its shard file") from None
+        hint = "; it must be a JSON object whose 'weight_map' maps each tensor name to its shard file"
+        weight_map = read_json(index, hint).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(name, str) for name in weight_map.values()):
+            raise ValueError(f"{index}: not a safetensors index{hint}")
         files = [path / name for name in dict.fromkeys(weight_map.values())]
     elif (path / "model.safetensors").exists():
         files = [path / "model.safetensors"]
@@ -490,6 +491,7 @@ def weight_files(path):
 @contextlib.contextmanager
 def open_weights(file, device="cpu"):
     """safe_open, which checks the header at once: an empty, truncated or foreign file fails here, named."""
+    open_regular(file).close()  # a FIFO would block safe_open
     try:
         f = safe_open(str(file), framework="pt", device=device)
     except SafetensorError as e:
@@ -668,8 +670,7 @@ def add_lora(model, r=LORA["r"], alpha=LORA["alpha"], dropout=LORA["dropout"], t
              ranks=None, alphas=None, use_rslora=False):
     """Replace the target linears (lora_target_names) by LoRALinear (A drawn from `generator`), freezing the rest.
     ranks / alphas: {module name: its own r / alpha}, PEFT's rank_pattern / alpha_pattern (adapters.py)."""
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model.requires_grad_(False)
     names = lora_target_names(model, targets)
     if not names:
         raise ValueError(f"LoRA targets {targets!r} match no linear layer of the model")
@@ -800,10 +801,15 @@ def check_fields(obj, said):
 # Files: JSON read with one-line errors; atomic writes (a crash mid-write leaves the old file); generation defaults
 
 
+NOT_FILES = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),  # not a regular file, in words
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
 def open_regular(path):
     """`path` opened to read bytes; a ValueError unless a regular file: a FIFO would block a read, a device not end."""
     if os.path.exists(path) and not os.path.isfile(path):  # and one swapped in after this opens without blocking
-        raise ValueError(f"{path}: not a regular file (a FIFO, a device or a folder): not read")
+        kind = next((kind for test, kind in NOT_FILES if test(os.stat(path).st_mode)), "something else")
+        raise ValueError(f"{path}: not a regular file but {kind}: not read")
     return open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb")
 
 
@@ -848,6 +854,8 @@ def atomic_folder(path, own=None):
     old one, each replacing its namesake whole (JSON last), after those matching the regex `own` it does not replace
     are deleted; other files are left alone, as by HF's save_pretrained."""
     path = Path(path)
+    if path.exists() and not path.is_dir():  # found before anything is written: no copy of the weights left beside it
+        raise ValueError(f"{path}: a file, not a folder; a model or adapter is saved as a folder of files")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
     try:
@@ -877,4 +885,4 @@ GENERATION_DEFAULTS = "generation_defaults.json"  # a model folder's own samplin
 def generation_defaults(folder):
     """The folder's generation_defaults.json (task, gen_length, ...: a gift.py run writes it for the embedded task)."""
     path = Path(folder) / GENERATION_DEFAULTS
-    return read_json(path) if path.is_file() else {}
+    return read_json(path) if path.exists() else {}  # a FIFO there is refused (open_regular), not taken for none

@@ -486,6 +486,17 @@ CHAT_TOKEN_ROWS = [  # (family, bad row, the field named, the token named)
     ("dream", {"question": f"{data.IM_START}q", "deepseek_thinking_trajectory": "t", "deepseek_attempt": "a"},
      "question", data.IM_START),
     ("dream", {"prompt": "q", "response": "a<|beginoftext|>"}, "response", "<|beginoftext|>"),  # a special of its own
+    # a turn end or EOS ending a turn: padding at the answer's end only (test_an_answer_padded_with_turn_ends_is_kept)
+    ("llada", {"messages": [{"role": "user", "content": f"q{data.EOT}"}, {"role": "assistant", "content": "a"}]},
+     "messages[0].content", data.EOT),
+    ("llada", {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"a{data.EOS}"},
+                            {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
+     "messages[1].content", data.EOS),
+    ("llada", {"prompt": f"q{data.EOT}{data.EOT}", "response": "a"}, "prompt", data.EOT),
+    ("dream", {"messages": [{"role": "user", "content": f"q{data.IM_END}"}, {"role": "assistant", "content": "a"}]},
+     "messages[0].content", data.IM_END),
+    ("dream", {"question": f"q{data.EOS}", "deepseek_thinking_trajectory": "t", "deepseek_attempt": "a"}, "question",
+     data.EOS),
 ]
 
 

@@ -136,6 +136,24 @@ def test_chatml_special_ids_and_a_dream_model(tok):
     assert model(torch.tensor([prompt])).shape == (1, len(prompt), config.embedding_size)
 
 
+def test_the_bos_is_the_one_tokenizer_config_names(tmp_path):
+    """dream.named_token(folder, "bos_token"), what add_bos_token puts first, is the folder's own BOS (a string, or an
+    AddedToken object, as transformers reads it), a token of its tokenizer: the fixture's <|beginoftext|>, another
+    Dream-family folder's own; none named (Qwen2's null, or no tokenizer_config.json): the default."""
+    folder = slow_folder(tmp_path)
+    assert dream.named_token(folder, "bos_token") == "<|beginoftext|>"
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for bos in ("<|bos|>", {"content": "<|bos|>", "lstrip": False, "normalized": False, "rstrip": False,
+                            "single_word": False, "special": True}):
+        (folder / "tokenizer_config.json").write_text(json.dumps(config | {"bos_token": bos}))
+        assert dream.named_token(folder, "bos_token", "<|beginoftext|>") == "<|bos|>"
+        assert data.load_tokenizer(folder).token_to_id("<|bos|>") is not None
+    (folder / "tokenizer_config.json").write_text(json.dumps(config | {"bos_token": None}))
+    assert dream.named_token(folder, "bos_token", "x") == "x"
+    (folder / "tokenizer_config.json").unlink()
+    assert dream.named_token(folder, "bos_token") is None
+
+
 def test_errors_name_the_file(tmp_path):
     """One line naming the file (and the line) for each way the slow tokenizer's files can be broken."""
     def error(edit, kind=ValueError):

@@ -141,6 +141,25 @@ def test_a_tokenizer_larger_than_the_models_embedding(tmp_path, capsys, no_weigh
     assert str(tokenizer.get_vocab_size()) in said and str(size) in said and "embedding" in said
 
 
+@pytest.mark.parametrize("command", ["sample", "eval", "gift"])
+def test_an_eos_the_tokenizer_reads_as_a_digit_is_refused_before_the_weights(tmp_path, capsys, no_weights, command):
+    """config.json's eos_token_id on the ordinary token '3' (every 3 would end a generation, and pads would be 3s):
+    sample.py, eval.py and gift.py refuse it in one line naming config.json's field, before any weight is read."""
+    folder = model_folder(tmp_path / "m")
+    config = json.loads((folder / "config.json").read_text())
+    digit = data.load_tokenizer(folder).token_to_id("3")
+    (folder / "config.json").write_text(json.dumps(config | {"eos_token_id": digit}))
+    (tmp_path / "data.jsonl").write_text(json.dumps({"prompt": "say hi", "response": "hi"}) + "\n")
+    argv = {"sample": sample_argv(folder), "gift": train_args(tmp_path, tmp_path / "run") + ["--model", str(folder)],
+            "eval": sudoku_checkpoint(tmp_path, 2) + ["--out", str(tmp_path / "r.json")]}[command]
+    if command == "eval":
+        argv[argv.index("--model") + 1] = str(folder)
+    main = dict(sample=sample.main, eval=E.main, gift=gift.main)[command]
+    said = refusal(lambda: main(argv), capsys).strip().splitlines()  # eval.py's: argparse's usage, then the error
+    assert f"config.json field 'eos_token_id' = {digit} is the tokenizer's ordinary token '3'" in said[-1], said
+    assert len(said) == 1 or command == "eval" and ": error: " in said[-1], said
+
+
 # -----------------------------------------------------------------------------
 # 4: Ctrl-C and a full disk
 

@@ -69,6 +69,20 @@ def test_save_pretrained_writes_its_own_files_and_leaves_the_others(tmp_path, mo
     assert weights() == [f"model-{i:05d}-of-00006.safetensors" for i in range(1, 7)] + ["model.safetensors.index.json"]
 
 
+@pytest.mark.parametrize("save", [lambda m, path: m.save_pretrained(path),
+                                  lambda m, path: save_adapter(M.add_lora(m, targets=("q_proj",)), path)],
+                         ids=["save_pretrained", "save_adapter"])
+def test_a_save_onto_a_users_file_is_one_line_and_leaves_nothing(tmp_path, save):
+    """A path that is a user's file: refused in one line before any weight is written (no *.tmp-* copy left beside it),
+    the file untouched."""
+    path = tmp_path / "notes.txt"
+    path.write_text("mine")
+    with pytest.raises(ValueError) as err:
+        save(tiny_model(seed=1), path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    assert path.read_text() == "mine" and list(tmp_path.iterdir()) == [path]
+
+
 # -----------------------------------------------------------------------------
 # A bf16 LoRA run on a float32 base, with --save-merged (cases 2 and 3)
 

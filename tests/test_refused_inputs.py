@@ -7,11 +7,15 @@ a hang is cut off after 10 s and fails); every fragment (with {tmp} the test's f
 
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
+from conftest import REPO
 
 import data
 import embedded
@@ -93,6 +97,7 @@ def fifo(tmp):
 GOOD = json.dumps({"prompt": "say hi", "response": "hi"})
 DEEP = '{"prompt": "say hi", "response": ' + "[" * 100_000 + "]" * 100_000 + "}"  # a RecursionError in json.loads
 CONFIG = "{tmp}/model/config.json"
+DIGIT = embedded.CHAR_VOCAB.index("3")  # an ordinary token of the char tokenizers
 
 CASES = [
     # 9. a config.json that does not describe its weights: refused from the safetensors headers, nothing built
@@ -158,6 +163,23 @@ CASES = [
      ValueError, ["/dev/zero", "not a regular file", "character device"]),
     ("data_a_folder", lambda t: read_data(t),
      ValueError, ["{tmp}", "not a regular file", "a directory"]),
+    # what neither family computes is refused alike (model.TURNED_OFF): Dream's were, LLaDA's were read and ignored
+    ("llada_rope_scaling", lambda t: read_config(lying_folder(t, rope_scaling={"rope_type": "linear", "factor": 2.0})),
+     ValueError, [CONFIG, "field 'rope_scaling' = {{'rope_type': 'linear', 'factor': 2.0}}", "LLaDA-8B"]),
+    ("llada_sliding_window", lambda t: read_config(lying_folder(t, sliding_window=512)),
+     ValueError, [CONFIG, "field 'sliding_window' = 512", "sliding_window = None"]),
+    ("llada_use_sliding_window", lambda t: read_config(lying_folder(t, use_sliding_window=True, sliding_window=512)),
+     ValueError, [CONFIG, "field 'use_sliding_window' = True", "use_sliding_window = False"]),
+    ("dream_sliding_window_without_its_flag", lambda t: read_config(lying_folder(t, "dream", sliding_window=512)),
+     ValueError, [CONFIG, "field 'sliding_window' = 512", "Dream-v0"]),
+    # an EOS the tokenizer reads as an ordinary token (a digit: every 3 would end a generation)
+    ("eos_id_an_ordinary_token", lambda t: at_once(lambda: data.check_mask_token(
+        embedded.make_char_tokenizer(), LLaDAConfig.from_json(lying_folder(t, eos_token_id=DIGIT) / "config.json"))),
+     ValueError, [f"config.json field 'eos_token_id' = {DIGIT}", "ordinary token '3'", "'<|endoftext|>'"]),
+    ("eos_id_an_ordinary_token_dream", lambda t: at_once(lambda: data.check_mask_token(
+        embedded.make_char_tokenizer(family="dream"), LLaDAConfig.from_json(
+            lying_folder(t, "dream", eos_token_id=DIGIT) / "config.json"))),
+     ValueError, [f"config.json field 'eos_token_id' = {DIGIT}", "ordinary token '3'"]),
 ]
 
 
@@ -169,6 +191,63 @@ def test_bad_input_is_refused_at_once_with_its_name(tmp_path, setup, error, frag
     assert "\n" not in message, message
     for fragment in fragments:
         assert fragment.format(tmp=tmp_path) in message, message
+
+
+def test_what_neither_family_computes_turned_off_is_read(tmp_path):
+    """The refusals above are of values that ask for RoPE scaling or a window: Qwen2's sliding_window under
+    use_sliding_window false (Dream-v0's own config.json), and null fields, load."""
+    read_config(lying_folder(tmp_path / "d", "dream", use_sliding_window=False, sliding_window=4096))
+    read_config(lying_folder(tmp_path / "l", rope_scaling=None, sliding_window=None))
+    read_config(lying_folder(tmp_path / "f", use_sliding_window=False, sliding_window=512))
+
+
+# each (a model folder's file made a FIFO, the folder it is in, the read that meets it): one process runs them all
+FIFO_READS = [("tokenizer.json", "llada", "load_tokenizer"), ("vocab.json", "dream", "load_tokenizer"),
+              ("merges.txt", "dream", "load_tokenizer"), ("tokenizer_config.json", "dream", "load_tokenizer"),
+              ("added_tokens.json", "dream_old", "load_tokenizer"), ("model.safetensors", "llada", "from_pretrained"),
+              ("model.safetensors.index.json", "sharded", "from_pretrained"),
+              ("generation_defaults.json", "llada", "generation_defaults")]
+
+
+def fifo_folder(tmp, name, kind):
+    """A model folder of `kind` whose file `name` is a FIFO no one writes to."""
+    if kind == "llada":
+        folder = tiny_folder(tmp)
+    elif kind == "sharded":
+        folder = tmp / "model"
+        LLaDA(embedded.tiny_config_for(embedded.make_char_tokenizer(), **SIZES)).save_pretrained(folder, 2000)
+    else:  # Dream's slow tokenizer files; "dream_old": without tokenizer_config.json's added_tokens_decoder
+        folder = shutil.copytree(REPO / "tests" / "data" / "dream_tokenizer", tmp / "model")
+        if kind == "dream_old":  # the older layout, whose added tokens are added_tokens.json's
+            config = json.loads((folder / "tokenizer_config.json").read_text())
+            del config["added_tokens_decoder"]
+            (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / name).unlink(missing_ok=True)
+    os.mkfifo(folder / name)
+    return folder
+
+
+def test_a_model_folders_file_that_is_a_fifo_is_refused_not_read(tmp_path):
+    """Every read of a model folder's files refuses a FIFO in one line naming it (model.open_regular), where before
+    safe_open and the index's read blocked, a FIFO tokenizer_config.json, added_tokens.json or generation_defaults.json
+    was read as none, a tokenizer.json, vocab.json or merges.txt as missing. One process of its own runs every read
+    (a blocked one cannot hang the suite)."""
+    calls = [(str(fifo_folder(tmp_path / str(i), name, kind)), read) for i, (name, kind, read) in enumerate(FIFO_READS)]
+    script = (f"import sys; sys.path.insert(0, {str(REPO)!r}); import data, model\n"
+              "reads = dict(load_tokenizer=data.load_tokenizer, from_pretrained=model.LLaDA.from_pretrained, "
+              "generation_defaults=model.generation_defaults)\n"
+              f"for folder, read in {calls!r}:\n"
+              "    try:\n        reads[read](folder)\n        print('read, not refused')\n"
+              "    except (ValueError, OSError) as e:\n        print(type(e).__name__, repr(str(e)))\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    except subprocess.TimeoutExpired:
+        pytest.fail("a read blocked on its FIFO for 120 s")
+    said = done.stdout.splitlines()
+    assert done.returncode == 0 and len(said) == len(FIFO_READS), done.stdout + done.stderr
+    for (folder, _), (name, _, _), line in zip(calls, FIFO_READS, said):
+        assert line == "ValueError " + repr(f"{folder}/{name}: not a regular file but a named pipe (FIFO): not read")
 
 
 def test_a_deep_row_is_skipped_and_counted(tmp_path):
