@@ -121,7 +121,8 @@ def load_gsm8k(path, raw=None):
         if gold is None:
             raise ValueError(f"{where}: field 'answer' has no '#### <number>' final answer")
         reasoning = re.sub(r"<<[^>]*>>", "", row["answer"].split("####")[0]).strip()  # drop the calculator annotations
-        items.append(dict(question=row["question"], gold=gold, reasoning=reasoning))
+        items.append(dict(question=row["question"], gold=gold, reasoning=reasoning,
+                          answer_text=row["answer"].split("####")[1].strip()))  # as written: d1's RL reward reads it
     return items
 
 
@@ -763,13 +764,10 @@ SAMPLER_ALWAYS = ("gen_length", "steps", "block_length", "temperature", "cache",
 def sampler_settings(o):
     """The records settings of every SamplerOptions field o's sampler reads (a new one too): SAMPLER_ALWAYS's, Dream's
     own when set, the others when set and not their default (so older records, which lack them, continue)."""
-    unread, settings = BLOCK_ONLY if o.sampler == "dream" else DREAM_ONLY, {}
-    for f in fields(SamplerOptions):
-        v = getattr(o, f.name)
-        if f.name in SAMPLER_ALWAYS or (f.name not in unread and v not in (None, False)
-                                        and (v != f.default or f.name in DREAM_ONLY)):
-            settings[f.name] = v
-    return settings
+    unread = BLOCK_ONLY if o.sampler == "dream" else DREAM_ONLY
+    values = ((f, getattr(o, f.name)) for f in fields(SamplerOptions))  # (field, its value in o)
+    return {f.name: v for f, v in values if f.name in SAMPLER_ALWAYS or (
+        f.name not in unread and v not in (None, False) and (v != f.default or f.name in DREAM_ONLY))}
 
 
 def evaluate_seeds(args, model, tokenizer, items, shot_items, finished, on_batch):

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from data import BOS, chat_format, chat_prompt, check_chat_tokens, check_mask_token, encode_text, load_tokenizer
+from dream import named_token
 from eval import BLOCK_LENGTH, d1_options, item_generator
 from longjob import (DTYPES, SEED_RULE, SEEDS, add_dtype_flag, add_model_flags, barrier, compute_dtype,
                      end_distributed, find_model, gather_objects, hms, json_or_empty, load_weights, run_command_line,
@@ -309,7 +310,7 @@ class GiftLM(LM):
             generation_options(self.given, self.defaults, {})
         self.tokenizer = load_tokenizer(self.folder)
         check_chat_tokens(self.tokenizer, self.folder)  # as eval.py's: the chat format's tokens, before the weights
-        bos_text = DREAM_BOS if chat_format(self.tokenizer) == "chatml" else BOS
+        bos_text = named_token(self.folder, "bos_token", DREAM_BOS if chat_format(self.tokenizer) == "chatml" else BOS)
         self.bos = [self.tokenizer.token_to_id(bos_text)] if opts.add_bos_token else []  # before every context
         if None in self.bos:
             raise ValueError(f"GiftLM: add_bos_token=True: the tokenizer of {self.folder} has no {bos_text}")

@@ -73,7 +73,7 @@ def wd1_loss(logp_sums, rewards, group_size):
     (N,), N = P * G, each group's G completions contiguous -> the mean over the P groups of sum_i (w-_i - w+_i) l_i (its
     per-device loss, one group per device, averaged over devices and accumulation steps as its gradients are). A
     group of equal rewards contributes exactly 0, and so does its gradient."""
-    if logp_sums.ndim != 1 or logp_sums.shape != rewards.shape or len(rewards) % group_size:
+    if group_size < 1 or logp_sums.ndim != 1 or logp_sums.shape != rewards.shape or len(rewards) % group_size:
         raise ValueError(f"wd1_loss: logp_sums {tuple(logp_sums.shape)} and rewards {tuple(rewards.shape)} must be "
                          f"(P * group_size,) = (P * {group_size},)")
     w_pos, w_neg = wd1_weights(rewards.to(logp_sums.dtype), group_size)
@@ -165,9 +165,11 @@ def xml_count(text):
     if text.count("\n</reasoning>\n") == 1:
         count += 0.125
     if text.count("\n<answer>\n") == 1:
-        count += 0.125 - len(text.split("\n</answer>\n")[-1]) * 0.001
+        count += 0.125
+        count -= len(text.split("\n</answer>\n")[-1]) * 0.001
     if text.count("\n</answer>") == 1:
-        count += 0.125 - (len(text.split("\n</answer>")[-1]) - 1) * 0.001
+        count += 0.125
+        count -= (len(text.split("\n</answer>")[-1]) - 1) * 0.001
     return count
 
 
@@ -183,27 +185,27 @@ def gsm8k_reward(completion, answer):
 
 def math_reward(completion, answer):
     """d1's two MATH rewards, summed: the last box's content (the whole text with no closed box) equivalent to the
-    answer (eval.math_equiv, Hendrycks' is_equiv): 2.0; and half of boxed_in_answer, 1 for an <answer> tag plus 0.5
-    (d1 tests "\\boxed" written "\\b", a backspace: never found, always 0.5)."""
+    answer (eval.math_equiv, Hendrycks' is_equiv): 2.0; and half of boxed_in_answer: 1 for an <answer> tag, plus 1
+    where the tag's text (the whole text without one) holds "\x08oxed", else 0.5 (d1 writes "\\boxed" in a string
+    that is not raw: "\\b" is a backspace, so a real box is never found)."""
     candidate = last_boxed(completion)
     correct = math_equiv(completion if candidate is None else candidate, answer)
-    return (2.0 if correct else 0.0) + 0.5 * ((1.0 if "<answer>" in completion else 0.0) + 0.5)
+    tagged = "<answer>" in completion
+    text = completion.split("<answer>")[1].split("</answer>")[0] if tagged else completion
+    return (2.0 if correct else 0.0) + 0.5 * ((1.0 if tagged else 0.0) + (1.0 if "\x08oxed" in text else 0.5))
 
 
 def reward(task, completion, item):
     """The reward of one completion's text (decoded without special tokens, up to its turn end) for `task`'s item."""
+    if task not in TASKS:
+        raise ValueError(f"rl.reward: unknown task {task!r}; choose one of {TASKS}")
     if task == "sudoku":
         return sudoku_reward(completion, item["puzzle"], item["solution"])
     if task == "countdown":
         return countdown_reward(completion, item["numbers"], item["target"])
-    if task == "gsm8k":
-        return gsm8k_reward(completion, gsm8k_answer(item["gold"]))
+    if task == "gsm8k":  # the text after "####" as GSM8K writes it ("114,200"), as d1 compares it
+        return gsm8k_reward(completion, item["answer_text"])
     return math_reward(completion, item["gold"])
-
-
-def gsm8k_answer(gold):
-    """The gold answer as d1's reward compares it (the text after "####"): 18.0 is "18"."""
-    return str(int(gold)) if float(gold).is_integer() else str(gold)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -268,13 +270,11 @@ class Group:
 
 @torch.no_grad()
 def rollout_group(model, prompt_ids, options, G, seed, rollout, index, stops, eos_id, stats):
-    """G completions of one prompt (no padding: the group alone), each from its own generator (Dream's sampler: one
-    for the group, as its draws span its batch), ended at their first stop (end_at_stop). stats: skipped tokens."""
+    """G completions of one prompt (no padding: the group alone), each from its own generator, ended at their first
+    stop (end_at_stop). stats: the tokens the early exit skipped."""
     device = prompt_ids.device
     gens = [torch.Generator(device).manual_seed(stream_seed(seed, "rollout", rollout, index, g)) for g in range(G)]
-    prompt = prompt_ids.expand(G, -1)
-    out = generate_with_options(model, prompt, None, options, gens[0] if options.sampler == "dream" else gens, stops,
-                                stats, None)
+    out = generate_with_options(model, prompt_ids.expand(G, -1), None, options, gens, stops, stats, None)
     return end_at_stop(out[:, len(prompt_ids):], stops, eos_id)
 
 

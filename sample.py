@@ -352,7 +352,7 @@ class SamplerOptions:
 def generate_with_options(model, prompt, attention_mask=None, options=None, generator=None, stop_ids=None, stats=None,
                           eot_id=None):
     """Sample with `options` (lengths set): generate(), the exact sampler, or with sampler "dream" Dream's own
-    diffusion_generate() (dream.py; its generator one torch.Generator, as its draws span the batch). Returns
+    diffusion_generate() (dream.py; one torch.Generator for the batch, or one per row). Returns
     (B, P + gen_length). stop_ids, stats: the block sampler's early exit, unless options.early_exit is False;
     eot_id: the turn end's id (confidence_eos_eot_inf). The cached sampler's options (cache, threshold) are
     cached_sample.generate_with_options' (it samples with every sampler)."""

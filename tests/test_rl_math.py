@@ -249,7 +249,10 @@ def test_completion_logps_are_the_models_log_softmax_at_the_completion(family, o
         logps = rl.completion_logps(model, noisy, completions)
         expected = direct_logps(model, noisy, completions)
     assert logps.shape == (G, C) and logps.dtype == f64
-    torch.testing.assert_close(logps, expected, rtol=0, atol=1e-12)  # float64 model: rounding ~1e-15
+    # the same forward pass; the head and log-softmax in float64 either way (another order: rounding ~1e-15)
+    torch.testing.assert_close(logps, expected, rtol=0, atol=1e-12)
+    with_grad = rl.completion_logps(model, noisy, completions)  # the checkpointed chunks the update runs
+    assert with_grad.requires_grad and torch.equal(with_grad.detach(), logps)
     if model.predicts_shifted:  # without the shift the numbers are another position's: the test sees the shift
         with torch.no_grad():
             unshifted = model(noisy)[:, -C:].log_softmax(-1).gather(-1, completions[..., None])[..., 0]
@@ -341,9 +344,10 @@ def test_group_loss_gradient_matches_finite_difference(one_thread, all_float64):
 def test_group_loss_gradient_matches_finite_difference_with_lora(one_thread, all_float64):
     model = tiny_model(seed=2, std=0.2)
     add_lora(model, r=2, alpha=4, dropout=0.0, generator=gen(8))
+    g = gen(9)
     for _, m in lora_layers(model):  # non-zero B, so that A's gradient is not 0
         with torch.no_grad():
-            m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=gen(9)) * 0.3)
+            m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=g) * 0.3)
     model = model.double().eval()
     lora = [n for n, p in model.named_parameters() if p.requires_grad]
     assert lora and all("lora_" in n for n in lora)
@@ -596,13 +600,18 @@ def test_gsm8k_reward_penalises_text_after_the_answer():
         assert abs(rl.xml_count(text) - d1_count_xml(text)) < 1e-15
 
 
-@pytest.mark.xfail(strict=True, reason="rl.xml_count adds (0.125 - penalty) where d1's count_xml adds 0.125 then "
-                                       "subtracts the penalty: the float sums differ in the last bits")
 def test_xml_count_is_d1s_count_xml_bit_for_bit():
     texts = [STRICT.format("A") + "x" * k for k in range(60)]
-    texts += ["<reasoning>\n" + STRICT.format("A")[12:].replace("<answer>\n", "<answer>\n" * 2) + "y" * k
-              for k in range(60)]
     assert [rl.xml_count(t) for t in texts] == [d1_count_xml(t) for t in texts]
+
+
+def test_gsm8k_reward_compares_with_the_gold_as_gsm8k_writes_it(tmp_path):
+    from eval import load_gsm8k
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text('{"question": "How much?", "answer": "It costs 114,200.\\n#### 114,200"}\n')
+    item = load_gsm8k(path)[0]
+    for text in ["<answer>114,200</answer>", "<answer>114200</answer>"]:
+        assert rl.reward("gsm8k", text, item) == d1_gsm8k(text, "114,200")
 
 
 @pytest.mark.parametrize("text,gold,expected", [
@@ -623,9 +632,6 @@ def test_math_reward(text, gold, expected):
     assert rl.math_reward(text, gold) - (2.0 if expected >= 2 else 0.0) == 0.5 * d1_boxed_in_answer(text)
 
 
-@pytest.mark.xfail(strict=True, reason="d1's boxed_in_answer tests for '\\b' 'oxed' (a backspace, its string is not "
-                                       "raw): a completion holding that character gets 1.0 there, rl.math_reward "
-                                       "always 0.5")
 def test_math_reward_format_part_is_d1s_even_with_a_backspace():
     for text in ["<answer>x\boxed</answer>", "x\boxed"]:
         assert rl.math_reward(text, "y") == 0.5 * d1_boxed_in_answer(text)
@@ -636,11 +642,12 @@ def test_reward_dispatch():
     assert rl.reward("sudoku", tag("1234"), dict(puzzle=PUZZLE, solution=SOLUTION)) == 1 / 6
     assert rl.reward("countdown", tag("3*4+5"), dict(numbers=NUMBERS, target=TARGET)) == 1.0
     assert rl.reward("countdown", tag("3*5+4"), dict(numbers=NUMBERS, target=TARGET)) == 0.1
-    assert rl.reward("gsm8k", "<answer>18</answer>", dict(gold=18.0)) == 2.5  # 18.0 compared as "18"
-    assert rl.reward("gsm8k", "<answer>18.0</answer>", dict(gold=18.0)) == 0.0
-    assert rl.reward("gsm8k", "<answer>2.5</answer>", dict(gold=2.5)) == 2.0
+    assert rl.reward("gsm8k", "<answer>18</answer>", dict(gold=18.0, answer_text="18")) == 2.5
+    assert rl.reward("gsm8k", "<answer>18.0</answer>", dict(gold=18.0, answer_text="18")) == 0.0
+    assert rl.reward("gsm8k", "<answer>2.5</answer>", dict(gold=2.5, answer_text="2.5")) == 2.0
     assert rl.reward("math500", "\\boxed{\\frac12}", dict(gold="\\frac{1}{2}")) == 2.25
-    assert rl.gsm8k_answer(18.0) == rl.gsm8k_answer(18) == "18" and rl.gsm8k_answer(-3.0) == "-3"
+    with pytest.raises(ValueError, match="unknown task"):
+        rl.reward("sudoku4", "", {})
 
 
 # -----------------------------------------------------------------------------
