@@ -5,6 +5,7 @@ plain one is tests/test_losses.py::test_chunked_cross_entropy_equals_full_logits
 GIFT* betas against fresh ones is tests/test_train.py::test_gift_star_betas_cached_from_the_initial_model."""
 
 import importlib.util
+import json
 import math
 import os
 import re
@@ -243,3 +244,14 @@ def test_early_exit_smoke(tmp_path, capsys):
     rows = bench_module("early_exit").main(["--smoke", "--out-dir", str(tmp_path)])
     assert len(rows) == 10 and all(r["same_text"] for r in rows[1::2])
     assert (tmp_path / "early_exit-smoke.md").is_file() and "x exact" in capsys.readouterr().out
+
+
+def test_rl_step_smoke(tmp_path, capsys):
+    """bench/rl_step.py --smoke: a rollout batch with and without the early exit and the updates it serves, split
+    into their parts; the exit skips tokens and the parts add up to the whole."""
+    seconds = bench_module("rl_step").main(["--smoke", "--out-dir", str(tmp_path)])
+    parts = [seconds[k] for k in ("rollout, every block", "likelihood pass", "backward", "optimizer step")]
+    assert abs(sum(parts) - seconds["whole, every block"]) < 1e-9 and all(s >= 0 for s in parts)
+    record = json.loads((tmp_path / "rl_step-smoke.json").read_text())
+    assert record["tokens"]["generated"] == 2 * 2 * 64 and record["tokens"]["skipped"] >= 0
+    assert "x whole step" in capsys.readouterr().out

@@ -527,3 +527,18 @@ def test_summarize_compares_gift_k4_with_sft_at_its_cost():
     assert rows[("time-k4", "gift-k4")]["d_acc"] == pytest.approx(2.0)  # against SFT at gift-k4's cost
     assert rows[("time-k4", "sft")]["acc_mean"] == pytest.approx(52.0)
     assert math.isnan(rows[("steps", "sft")]["cost_vs_sft"])  # no costs given
+
+
+def test_rl_after_gift_smoke(tmp_path):
+    """experiments/rl_after_gift.py --smoke: a base, its SFT and GIFT cold starts, wd1's RL from each, the five
+    columns and the paired differences in results.md, the reward curves in rewards.csv."""
+    out = tmp_path / "rl"
+    proc = subprocess.run([sys.executable, str(REPO / "experiments" / "rl_after_gift.py"), "--smoke", "--out",
+                           str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = read_csv(out / "results.csv")
+    assert [r["column"] for r in rows] == ["base", "sft", "gift", "sft+rl", "gift+rl"]
+    rewards = read_csv(out / "rewards.csv")
+    assert {r["objective"] for r in rewards} == {"sft", "gift"} and len(rewards) == 2 * 2  # 2 rollouts each
+    text = (out / "results.md").read_text()
+    assert "| gift+rl - sft+rl |" in text and "the paper (8B) | 5.5 | 4.6 | 7.8 | 8.9 | 13.3 |" in text
