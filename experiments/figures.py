@@ -21,6 +21,11 @@
                     a grid (blanks against givens), Countdown's answer character by character, from
                     experiments/results/*/masks.json (written by the same study runs).
 
+  rl_after_gift.png The appendix's RL at toy scale (experiments/rl_after_gift.py): wd1's mean reward per rollout from
+                    the SFT and the GIFT cold starts (EMA-smoothed, as the paper's figure; mean and 95% interval over
+                    the (base, seed) runs), and the five columns Base, SFT, GIFT, SFT+RL, GIFT+RL on held-out puzzles
+                    beside the paper's, from experiments/results/rl_after_gift/{rewards,results}.csv.
+
 Each PNG's caption names the commit of the data it draws and this command. The data functions (plain Python and
 gift.py's Part I) are tested by tests/test_plot.py without matplotlib; the drawing functions import it.
 """
@@ -162,6 +167,42 @@ def masks_data(task, t=0.5):
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Drawing: matplotlib
+
+
+RL_COLUMNS = ("base", "sft", "gift", "sft+rl", "gift+rl")
+RL_PAPER = (5.5, 4.6, 7.8, 8.9, 13.3)  # LLaDA-8B-Instruct, Sudoku cells %, generation length 512 (the appendix)
+
+
+def ema(values, weight=0.6):
+    """Exponential moving average: s_0 = x_0, s_t = weight * s_{t-1} + (1 - weight) * x_t."""
+    out = []
+    for x in values:
+        out.append(x if not out else weight * out[-1] + (1 - weight) * x)
+    return out
+
+
+def rl_rewards_data(folder=RESULTS / "rl_after_gift", weight=0.6):
+    """experiments/rl_after_gift.py's reward curves: for "sft" and "gift", the RL steps of the rollouts and at each
+    the mean and 95% interval over the (base, seed) runs of each run's EMA-smoothed mean reward; and the commit."""
+    rows = read_csv(folder / "rewards.csv")
+    runs = {}  # objective -> {(base, seed): [(step, reward)]}
+    for r in rows:
+        runs.setdefault(r["objective"], {}).setdefault((r["base"], r["seed"]), []).append(
+            (int(r["step"]), float(r["reward_mean"])))
+    out = {}
+    for objective, by_run in runs.items():
+        curves = {k: sorted(v) for k, v in by_run.items()}
+        steps = [s for s, _ in next(iter(curves.values()))]
+        smoothed = [ema([r for _, r in c], weight) for c in curves.values()]
+        out[objective] = dict(steps=steps, stats=[mean_interval([c[i] for c in smoothed]) for i in range(len(steps))],
+                              runs=len(curves))
+    return out, ", ".join(sorted({r["commit"][:7] for r in rows}))
+
+
+def rl_columns_data(folder=RESULTS / "rl_after_gift", metric="cell_acc"):
+    """The five columns' mean and 95% interval over their runs (the bases' over the bases), from results.csv."""
+    rows = read_csv(folder / "results.csv")
+    return [mean_interval([float(r[metric]) for r in rows if r["column"] == c]) for c in RL_COLUMNS]
 
 
 def save(fig, out, dpi=100):
@@ -367,10 +408,41 @@ def draw_masks(out, n=4):
     plt.close(fig)
 
 
+def draw_rl_after_gift(out):
+    plt = pyplot()
+    curves, commit = rl_rewards_data()
+    columns = rl_columns_data()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [1.4, 1]})
+    for objective, color in (("sft", "C0"), ("gift", "C3")):
+        c = curves[objective]
+        mean, lo, hi = zip(*c["stats"])
+        ax1.plot(c["steps"], mean, color=color, lw=1.5, label=f"{objective.upper()} + RL ({c['runs']} runs)")
+        ax1.fill_between(c["steps"], lo, hi, color=color, alpha=0.15, lw=0)
+    ax1.set(xlabel="RL optimizer step", ylabel="mean reward of the rollout (EMA 0.6)",
+            title="wd1 on 4x4 Sudoku from the two cold starts")
+    ax1.legend(fontsize=7)
+    x = range(len(RL_COLUMNS))
+    mean, lo, hi = zip(*columns)
+    ax2.bar(x, mean, 0.6, color=["0.6", "C0", "C3", "C0", "C3"], alpha=0.8,
+            yerr=[[m - a for m, a in zip(mean, lo)], [b - m for m, b in zip(mean, hi)]], capsize=3)
+    ax2.set(xticks=list(x), xticklabels=["Base", "SFT", "GIFT", "SFT+RL", "GIFT+RL"], ylabel="held-out cells, %",
+            title="here (bars, 95% interval); the paper's 8B (dots, right axis)")
+    paper = ax2.twinx()
+    paper.plot(list(x), RL_PAPER, "ko", ms=4)
+    paper.set_ylabel("the paper, LLaDA-8B, cells %", fontsize=8)
+    for ax in (ax1, ax2):
+        ax.title.set_fontsize(9)
+        ax.grid(alpha=0.3, axis="y")
+    caption(fig, f"experiments/rl_after_gift.py, runs made at commit {commit} (experiments/results/rl_after_gift/); "
+                 f"redraw: {COMMAND}")
+    save(fig, out)
+
+
 def main():
     FIGURES.mkdir(exist_ok=True)
     for name, draw in (("theorem1.png", draw_theorem1), ("main_job.png", draw_main_job),
-                       ("gift_vs_sft.png", draw_gift_vs_sft), ("curves.png", draw_curves), ("masks.png", draw_masks)):
+                       ("gift_vs_sft.png", draw_gift_vs_sft), ("curves.png", draw_curves), ("masks.png", draw_masks),
+                       ("rl_after_gift.png", draw_rl_after_gift)):
         draw(FIGURES / name)
         print(f"figures: {FIGURES / name} ({(FIGURES / name).stat().st_size // 1024} KB)")
 

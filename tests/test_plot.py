@@ -240,3 +240,32 @@ def test_the_committed_curves_and_masks_are_whole(task, metric):
     assert len(record["examples"]) == 6
     for ex in record["examples"]:
         assert len(ex["tokens"]) == len(ex["labels"]) == len(ex["beta_base"]) == len(ex["beta_gift"])
+
+
+def test_ema_is_the_recurrence():
+    assert figures.ema([1.0, 0.0, 0.0], weight=0.5) == [1.0, 0.5, 0.25]
+    assert figures.ema([]) == [] and figures.ema([3.0]) == [3.0]
+
+
+def test_rl_rewards_and_columns_data(tmp_path):
+    """rl_after_gift.png's data from the study's CSVs: each run's curve smoothed, then the mean and interval over the
+    runs at each step; the five columns' means over their runs."""
+    with open(tmp_path / "rewards.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["objective", "base", "seed", "step", "rollout", "reward_mean", "commit"])
+        for objective, offset in (("sft", 0.0), ("gift", 0.1)):
+            for seed, values in enumerate(([0.2, 0.4, 0.6], [0.4, 0.4, 0.8])):
+                for k, v in enumerate(values):
+                    w.writerow([objective, 0, seed, 1 + 8 * k, k, v + offset, "abc1234"])
+    curves, commit = figures.rl_rewards_data(tmp_path, weight=0.5)
+    assert commit == "abc1234" and curves["sft"]["steps"] == [1, 9, 17] and curves["sft"]["runs"] == 2
+    smoothed = [figures.ema([0.2, 0.4, 0.6], 0.5), figures.ema([0.4, 0.4, 0.8], 0.5)]
+    assert [m for m, _, _ in curves["sft"]["stats"]] == pytest.approx([statistics.mean(c) for c in zip(*smoothed)])
+    assert [m for m, _, _ in curves["gift"]["stats"]] == pytest.approx([statistics.mean(c) + 0.1
+                                                                        for c in zip(*smoothed)])
+    with open(tmp_path / "results.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["column", "base", "seed", "cell_acc"])
+        w.writerows([["base", 0, "", 50], ["base", 1, "", 60]] + [[c, b, 0, v + b] for c, v in (
+            ("sft", 55), ("gift", 57), ("sft+rl", 58), ("gift+rl", 61)) for b in (0, 1)])
+    assert [m for m, _, _ in figures.rl_columns_data(tmp_path)] == [55, 55.5, 57.5, 58.5, 61.5]

@@ -238,3 +238,13 @@ def test_dream_trains(start, tmp_path, monkeypatch, one_thread, sampler):
     assert all(r["loss"] is not None and r["grad_norm"] > 0 for r in records)
     trainer = json.loads((whole / "checkpoints" / "step-0000004" / "trainer.json").read_text())
     assert trainer["options"]["sampling"]["sampler"] == sampler
+
+
+def test_the_cached_sampler_is_an_opt_in(start, tmp_path, monkeypatch, one_thread):
+    """--cache dual --threshold 0.9 (cached_sample.py's options, as sample.py names them) samples the rollouts with
+    the cached sampler; the run records them and trains."""
+    out = tmp_path / "cached"
+    run_in_process(monkeypatch, rl_args(start, out, "--max-steps", "2", "--cache", "dual", "--threshold", "0.9"))
+    trainer = json.loads((out / "checkpoints" / "step-0000002" / "trainer.json").read_text())
+    assert trainer["options"]["sampling"]["cache"] == "dual" and trainer["options"]["sampling"]["threshold"] == 0.9
+    assert [r["step"] for r in metrics(out)] == [1, 2]
