@@ -942,6 +942,11 @@ def listed_files(folder):
     return set()
 
 
+# the temporaries of the run's own writers, in a checkpoint folder a kill left: model.atomic_write_text's
+# (<name>.<pid>-<8 hex>.tmp) and model.atomic_folder's (<name>.tmp-<mkdtemp suffix>), e.g. model.tmp-_3y4wk3u/
+WRITER_TEMP = re.compile(r".+\.\d+-[0-9a-f]{8}\.tmp|.+\.tmp-[0-9A-Za-z_]+")
+
+
 def names_this_run(folder):
     """Whether a checkpoint folder without a manifest (older code's, or a save killed before it) is this run's, so that
     its files are matched by name: its trainer.json (a file, not a link) records this very step (state.step, the N of
@@ -950,6 +955,8 @@ def names_this_run(folder):
     name = folder.name.removesuffix(".tmp")
     if folder.parent.is_symlink() or (folder / "trainer.json").is_symlink() or checkpoint_step(name) is None:
         return False
+    if folder.name.endswith(".tmp") and not os.path.lexists(folder / "trainer.json"):  # killed before it named itself
+        return all(WRITER_TEMP.fullmatch(p.name) and not p.is_symlink() for p in folder.iterdir())
     state = json_or_empty(folder / "trainer.json").get("state")
     return (isinstance(state, dict) and state.get("step") == checkpoint_step(name)
             and isinstance(state.get("checkpoints"), list) and name in state["checkpoints"])
@@ -973,12 +980,15 @@ def checkpoint_files(folder):
             elif not by_name:
                 own = False
             elif rel == Path("."):
-                own = name in ("trainer.json", "loop_state.pt")
+                own = name in ("trainer.json", "loop_state.pt") or WRITER_TEMP.fullmatch(name) is not None
             else:
                 own = len(rel.parts) == 1 and any(path.match(p) for p in PART_FILES.get(rel.parts[0], ()))
             (ours if own else theirs).append(str(path))
         if rel == Path("."):
-            theirs += [str(Path(root, d)) for d in dirs if d not in PART_FILES and not Path(root, d).is_symlink()]
+            temps = [d for d in dirs if by_name and WRITER_TEMP.fullmatch(d) and not Path(root, d).is_symlink()]
+            ours += [str(Path(root, d)) for d in temps]  # a save's own folder, half written: removed whole
+            theirs += [str(Path(root, d)) for d in dirs if d not in PART_FILES and d not in temps
+                       and not Path(root, d).is_symlink()]
             dirs[:] = [d for d in dirs if d in PART_FILES]  # a folder of the user's is kept whole, unread
         else:
             theirs += [str(Path(root, d)) for d in dirs if not Path(root, d).is_symlink()]
@@ -994,7 +1004,7 @@ def delete_own_files(folder):
         return []
     for path in set(ours) - {str(folder / MANIFEST)}:
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
     if str(folder / MANIFEST) in ours:  # kept, listing nothing (last): what is left is the user's, whatever its names
         with contextlib.suppress(OSError):
             (folder / MANIFEST).write_text("[]\n")

@@ -211,3 +211,27 @@ def test_an_adapter_on_its_base_with_a_reindented_config_is_accepted(base, tmp_p
     reindent(config)
     with pytest.raises(ValueError, match="trained on a base model with fingerprint"):
         longjob.check_adapter(tmp_path / "base", copied)
+
+
+@pytest.mark.parametrize("left", ["a half-written model folder", "trainer.json half written", "nothing yet"])
+def test_a_save_killed_in_a_writer_leaves_a_tmp_the_next_start_removes(base, tmp_path, monkeypatch, capsys, left):
+    """A kill inside one of the save's own writers leaves their temporaries (model.atomic_folder's model.tmp-XXXX/,
+    model.atomic_write_text's trainer.json.<pid>-<hex>.tmp) or an empty .tmp: the run's (longjob.WRITER_TEMP), removed
+    by the next start, which then saves that step (the kill -9 of tests/test_rl_run.py found the first)."""
+    out = tmp_path / "run"
+    gift.main(train_args(base, out, "--max-steps", "1"))
+    tmp = out / "checkpoints" / "step-0000002.tmp"
+    tmp.mkdir()
+    if left == "a half-written model folder":  # trainer.json names it; export_pretrained's folder half written
+        trainer = json.loads((latest(out) / "trainer.json").read_text())
+        trainer["state"].update(step=2, checkpoints=trainer["state"]["checkpoints"] + ["step-0000002"])
+        del trainer["manifest"]  # written with the manifest, last
+        (tmp / "trainer.json").write_text(json.dumps(trainer))
+        (tmp / "model.tmp-_3y4wk3u").mkdir()
+        (tmp / "model.tmp-_3y4wk3u" / "config.json").write_text("{")
+    elif left == "trainer.json half written":
+        (tmp / "trainer.json.12345-deadbeef.tmp").write_text('{"state": {"st')
+    capsys.readouterr()
+    gift.main(train_args(base, out, "--max-steps", "2", "--resume"))
+    assert not tmp.exists() and (out / "checkpoints" / "step-0000002" / "trainer.json").is_file()
+    assert "kept" not in capsys.readouterr().out
