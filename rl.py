@@ -364,7 +364,11 @@ def parse_options(argv=None):
     """RLOptions from the command line (`python rl.py --help`), checked before any work. Its `sampling`, the rollouts'
     SamplerOptions (sample.py's flags): a flag, else the model folder's generation_defaults.json (for this task), else
     wd1's (WD1_SAMPLER). --model is resolved to its model folder (a LoRA checkpoint: its base, the adapter merged)."""
-    parser = argparse.ArgumentParser(description="wd1 RL after GIFT (arXiv 2507.08838, arXiv 2509.20863's appendix)")
+    parser = argparse.ArgumentParser(description="wd1 RL after GIFT (arXiv 2507.08838, arXiv 2509.20863's appendix)",
+                                     epilog="The rollouts' sampler flags (sample.py's) default to wd1's: --gen-length "
+                                     "256, --steps 128, --block-length 32, --temperature 0.9, low-confidence "
+                                     "remasking, the early exit on; a model folder's generation_defaults.json comes "
+                                     "first (docs/rl.md).")
     add_dataclass_flags(parser, RLOptions)
     add_sampler_flags(parser)  # --gen-length, --steps, --block-length, --temperature, ... (sample.py's)
     args = parser.parse_args(argv)

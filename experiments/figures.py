@@ -170,7 +170,6 @@ def masks_data(task, t=0.5):
 
 
 RL_COLUMNS = ("base", "sft", "gift", "sft+rl", "gift+rl")
-RL_PAPER = (5.5, 4.6, 7.8, 8.9, 13.3)  # LLaDA-8B-Instruct, Sudoku cells %, generation length 512 (the appendix)
 
 
 def ema(values, weight=0.6):
@@ -199,10 +198,27 @@ def rl_rewards_data(folder=RESULTS / "rl_after_gift", weight=0.6):
     return out, ", ".join(sorted({r["commit"][:7] for r in rows}))
 
 
+RL_PAIRS = (("GIFT - SFT", "gift", "sft"), ("GIFT+RL - SFT+RL", "gift+rl", "sft+rl"), ("SFT+RL - SFT", "sft+rl", "sft"),
+            ("GIFT+RL - GIFT", "gift+rl", "gift"))
+
+
 def rl_columns_data(folder=RESULTS / "rl_after_gift", metric="cell_acc"):
     """The five columns' mean and 95% interval over their runs (the bases' over the bases), from results.csv."""
     rows = read_csv(folder / "results.csv")
     return [mean_interval([float(r[metric]) for r in rows if r["column"] == c]) for c in RL_COLUMNS]
+
+
+def rl_pairs_data(folder=RESULTS / "rl_after_gift", metric="cell_acc"):
+    """RL_PAIRS' paired differences over the (base, seed) pairs, from results.csv: (label, {pair: difference}, mean,
+    95% interval, paired t-test p), as the study's results.md computes them."""
+    value = {(r["column"], r["base"], r["seed"]): float(r[metric]) for r in read_csv(folder / "results.csv")}
+    out = []
+    for label, a, b in RL_PAIRS:
+        pairs = sorted(k[1:] for k in value if k[0] == a)
+        test = paired_test([value[(a, *k)] for k in pairs], [value[(b, *k)] for k in pairs])
+        out.append((label, {k: value[(a, *k)] - value[(b, *k)] for k in pairs}, test["diff"], test["lo"], test["hi"],
+                    test["p"]))
+    return out
 
 
 def save(fig, out, dpi=100):
@@ -421,19 +437,23 @@ def draw_rl_after_gift(out):
     ax1.set(xlabel="RL optimizer step", ylabel="mean reward of the rollout (EMA 0.6)",
             title="wd1 on 4x4 Sudoku from the two cold starts")
     ax1.legend(fontsize=7)
-    x = range(len(RL_COLUMNS))
-    mean, lo, hi = zip(*columns)
-    ax2.bar(x, mean, 0.6, color=["0.6", "C0", "C3", "C0", "C3"], alpha=0.8,
-            yerr=[[m - a for m, a in zip(mean, lo)], [b - m for m, b in zip(mean, hi)]], capsize=3)
-    ax2.set(xticks=list(x), xticklabels=["Base", "SFT", "GIFT", "SFT+RL", "GIFT+RL"], ylabel="held-out cells, %",
-            title="here (bars, 95% interval); the paper's 8B (dots, right axis)")
-    paper = ax2.twinx()
-    paper.plot(list(x), RL_PAPER, "ko", ms=4)
-    paper.set_ylabel("the paper, LLaDA-8B, cells %", fontsize=8)
+    pairs = rl_pairs_data()
+    for x, (label, diffs, mean, lo, hi, p) in enumerate(pairs):
+        vals = list(diffs.values())
+        ax2.scatter([x + (k - (len(vals) - 1) / 2) * 0.03 for k in range(len(vals))], vals, s=9, color="0.55")
+        ax2.errorbar([x + 0.25], [mean], yerr=[[mean - lo], [hi - mean]], fmt="o", color="C3", ms=5, capsize=3)
+    ax2.axhline(0, color="k", lw=0.8)
+    ax2.set_xticks(range(len(pairs)), [f"{d[0]}\np = {d[5]:.2g}" for d in pairs], fontsize=7)
+    ax2.set(ylabel="held-out cells, points")
+    means = ", ".join(f"{name} {m:.1f}" for name, (m, _, _) in zip(("Base", "SFT", "GIFT", "SFT+RL", "GIFT+RL"),
+                                                                    columns))
+    ax2.set_title("held-out cells, paired by base and seed (grey);\nmean, 95% interval, paired t-test (red)",
+                  fontsize=8)
+    ax1.title.set_fontsize(9)
     for ax in (ax1, ax2):
-        ax.title.set_fontsize(9)
         ax.grid(alpha=0.3, axis="y")
-    caption(fig, f"experiments/rl_after_gift.py, runs made at commit {commit} (experiments/results/rl_after_gift/); "
+    caption(fig, f"held-out cells %, here: {means}; the paper (LLaDA-8B): Base 5.5, SFT 4.6, GIFT 7.8, SFT+RL 8.9, "
+                 f"GIFT+RL 13.3\nexperiments/rl_after_gift.py, runs made at commit {commit} (experiments/results/rl_after_gift/); "
                  f"redraw: {COMMAND}")
     save(fig, out)
 

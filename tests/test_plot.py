@@ -269,3 +269,12 @@ def test_rl_rewards_and_columns_data(tmp_path):
         w.writerows([["base", 0, "", 50], ["base", 1, "", 60]] + [[c, b, 0, v + b] for c, v in (
             ("sft", 55), ("gift", 57), ("sft+rl", 58), ("gift+rl", 61)) for b in (0, 1)])
     assert [m for m, _, _ in figures.rl_columns_data(tmp_path)] == [55, 55.5, 57.5, 58.5, 61.5]
+
+
+def test_rl_pairs_match_the_studys_results_md():
+    """rl_after_gift.png's paired differences are results.md's (experiments/results/rl_after_gift/: the same pairs,
+    the same test)."""
+    text = (EXPERIMENTS / "results" / "rl_after_gift" / "results.md").read_text()
+    for label, diffs, mean, lo, hi, p in figures.rl_pairs_data():
+        a, b = (name.strip().lower() for name in label.split(" - "))
+        assert len(diffs) == 9 and f"| {a} - {b} | {mean:.2f} [{lo:.2f}, {hi:.2f}] |" in text, label
