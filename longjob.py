@@ -559,7 +559,7 @@ EXPORTED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"
 # (older code's embedded runs also exported their held-out puzzles, sudoku_heldout.csv: a name of the past, fixed)
 MANIFEST = "manifest.json"
 MODEL_FILES = ("config.json", "*.safetensors", "model.safetensors.index.json", *EXPORTED, "sudoku_heldout.csv")
-PART_FILES = {"train_state": (".metadata", "*.distcp"), "adapter": ("adapter_config.json", "adapter_model.safetensors"),
+PART_FILES = {"train_state": (".metadata", "*.distcp", "*.metadata.tmp"), "adapter": ("adapter_config.json", "adapter_model.safetensors"),
               "model": MODEL_FILES, "merged": MODEL_FILES}
 
 
@@ -1002,7 +1002,8 @@ def delete_own_files(folder):
     if not theirs:
         remove_whole(folder)
         return []
-    for path in set(ours) - {str(folder / MANIFEST)}:
+    # trainer.json last: a kill midway leaves a folder that still names itself the run's (names_this_run)
+    for path in sorted(set(ours) - {str(folder / MANIFEST)}, key=lambda p: p == str(folder / "trainer.json")):
         with contextlib.suppress(OSError):
             shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
     if str(folder / MANIFEST) in ours:  # kept, listing nothing (last): what is left is the user's, whatever its names

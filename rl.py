@@ -627,7 +627,9 @@ def train(opts, preemption):
 def main(argv=None):
     opts = parse_options(argv)
     with run_folder(Path(opts.out), opts.resume, opts.overwrite) as preemption:
-        train(opts, preemption)
+        final = train(opts, preemption)
+    model = final / ("merged" if (final / "merged").is_dir() else "adapter" if opts.lora else "model")
+    print0(f"evaluate it:   python eval.py --model {opts.out} --task {opts.task}   (its last checkpoint: {model})")
     end_distributed()
 
 

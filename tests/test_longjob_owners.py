@@ -213,7 +213,8 @@ def test_an_adapter_on_its_base_with_a_reindented_config_is_accepted(base, tmp_p
         longjob.check_adapter(tmp_path / "base", copied)
 
 
-@pytest.mark.parametrize("left", ["a half-written model folder", "trainer.json half written", "nothing yet"])
+@pytest.mark.parametrize("left", ["a half-written model folder", "trainer.json half written", "nothing yet",
+                                  "the training state's metadata half written"])
 def test_a_save_killed_in_a_writer_leaves_a_tmp_the_next_start_removes(base, tmp_path, monkeypatch, capsys, left):
     """A kill inside one of the save's own writers leaves their temporaries (model.atomic_folder's model.tmp-XXXX/,
     model.atomic_write_text's trainer.json.<pid>-<hex>.tmp) or an empty .tmp: the run's (longjob.WRITER_TEMP), removed
@@ -229,6 +230,14 @@ def test_a_save_killed_in_a_writer_leaves_a_tmp_the_next_start_removes(base, tmp
         (tmp / "trainer.json").write_text(json.dumps(trainer))
         (tmp / "model.tmp-_3y4wk3u").mkdir()
         (tmp / "model.tmp-_3y4wk3u" / "config.json").write_text("{")
+    elif left == "the training state's metadata half written":  # torch.distributed.checkpoint's .metadata.tmp
+        trainer = json.loads((latest(out) / "trainer.json").read_text())
+        trainer["state"].update(step=2, checkpoints=trainer["state"]["checkpoints"] + ["step-0000002"])
+        del trainer["manifest"]
+        (tmp / "trainer.json").write_text(json.dumps(trainer))
+        (tmp / "train_state").mkdir()
+        (tmp / "train_state" / "__0_0.distcp").write_bytes(b"x")
+        (tmp / "train_state" / ".metadata.tmp").write_bytes(b"x")
     elif left == "trainer.json half written":
         (tmp / "trainer.json.12345-deadbeef.tmp").write_text('{"state": {"st')
     capsys.readouterr()

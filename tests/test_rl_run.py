@@ -107,8 +107,9 @@ def test_kill_9_mid_run_then_resume(start, tmp_path):
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    subprocess.run([sys.executable, "-c", PLANT, *args, "--resume"], cwd=REPO, env=env, check=True,
-                   capture_output=True, timeout=300)
+    resumed = subprocess.run([sys.executable, "-c", PLANT, *args, "--resume"], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_same_weights(whole, killed)
     assert untimed(whole) == untimed(killed)
 
