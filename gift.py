@@ -305,7 +305,7 @@ import embedded
 from data import (FORMATS, Split, collate, data_fingerprint, epoch_batches, load_dataset, load_tokenizer, special_ids,
                   step_micro_batches)
 from longjob import (DTYPES, EXPORTED, SEED_RULE, SEEDS, CheckpointManager, Export, MetricsLog, RunError, all_reduce,
-                     banner, compute_device, compute_dtype, describe_data, end_distributed, folder_fingerprint,
+                     banner, clipped_step, compute_device, compute_dtype, describe_data, end_distributed, folder_fingerprint,
                      gather_objects, is_rank0, is_sharded, load_weights, not_a_model_folder,
                      parse_dataclass_flags, print0, rank_and_world, run_command_line, run_folder, setup_distributed)
 from model import (LINEARS, LLaDA, LORA, LORA_TARGETS, add_lora, atomic_write_text, check_fields, load_weight_rows,
@@ -711,13 +711,7 @@ def train_step(model, optimizer, micro_batches, loss_name, norm="", eps=EPS, bet
     loss = all_reduce([loss_sum], device)[0]
 
     # clip the gradient, then step the optimizer unless the loss or the gradient is not finite
-    grad_norm = (torch.nn.utils.clip_grad_norm_(params, grad_clip) if grad_clip > 0 else
-                 torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
-    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-    stepped = math.isfinite(loss) and math.isfinite(grad_norm)
-    if stepped:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    grad_norm, stepped = clipped_step(params, optimizer, loss, grad_clip)
     return dict(loss=loss, grad_norm=grad_norm, stepped=stepped, **counts)
 
 

@@ -824,6 +824,21 @@ class TrainState:
         return epoch_done
 
 
+def clipped_step(model_params, optimizer, loss, grad_clip):
+    """The end of every optimizer step (gift.py's and rl.py's): the gradient norm (before clipping, clipped to
+    `grad_clip` unless 0), then the optimizer steps unless the loss or the norm is not finite (TrainState.advance
+    counts it, max_bad_steps stops the run). Returns (grad_norm, stepped)."""
+    params = list(model_params)
+    grad_norm = (torch.nn.utils.clip_grad_norm_(params, grad_clip) if grad_clip > 0 else
+                 torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    stepped = math.isfinite(loss) and math.isfinite(grad_norm)
+    if stepped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, stepped
+
+
 class CheckpointManager:
     """The run's checkpoints (as torchtitan's CheckpointManager). Built, it finds what --resume can continue and
     refuses a checkpoint of other options, data or base model; then `restore` once, `step_done` each step, `final`."""

@@ -44,7 +44,7 @@ from eval import (ANSWER_TAG, INSTRUCTIONS, SUDOKU_QUESTION, TASKS, d1_options, 
                   load_benchmark, load_sudoku, math_equiv)
 from gift import AT_LEAST_1, OFF_OR_MORE, chunked_cross_entropy, gradient_sync, lr_lambda, option, uniforms, wrap_model
 from longjob import (DTYPES, EXPORTED, SEED_RULE, SEEDS, CheckpointManager, Export, RunError, adapter_fingerprint,
-                     add_dataclass_flags, all_reduce, compute_dtype, end_distributed, folder_fingerprint,
+                     add_dataclass_flags, all_reduce, clipped_step, compute_dtype, end_distributed, folder_fingerprint,
                      gather_objects, hms, is_rank0, load_weights, print0, rank_and_world, run_command_line, run_folder,
                      seconds_left, setup_distributed)
 from model import check_fields, predicting_hidden, read_config, stored_dtype, unwrap
@@ -526,16 +526,9 @@ def update(model, optimizer, groups, opts, step, autocast, mask_id):
                                  g.rewards.to(device), opts.prompt_mask, generator, mask_id)
             (loss / opts.prompts_per_step * world).backward()
         loss_sum += float(loss.detach()) / opts.prompts_per_step
-    loss = all_reduce([loss_sum], device)[0]
-    grad_norm = (torch.nn.utils.clip_grad_norm_(params, opts.grad_clip) if opts.grad_clip > 0 else
-                 torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None]))
-    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
-    stepped = math.isfinite(loss) and math.isfinite(grad_norm)
-    if stepped:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    n_tokens = all_reduce([sum(g.completions.numel() + len(g.prompt_ids) * len(g.completions) for g in groups)],
-                          device)[0]
+    n_tokens = sum(g.completions.numel() + len(g.prompt_ids) * len(g.completions) for g in groups)
+    loss, n_tokens = all_reduce([loss_sum, n_tokens], device)
+    grad_norm, stepped = clipped_step(params, optimizer, loss, opts.grad_clip)
     return dict(loss=loss, grad_norm=grad_norm, stepped=stepped, n_tokens=n_tokens)
 
 

@@ -634,18 +634,19 @@ def _init_worker(threads):
     torch.set_num_threads(threads)
 
 
-def run_all(specs, workers, threads, on_done, commit, reuse_other_commit):
-    """Every spec, in order, with `workers` processes side by side (1 = in this process)."""
-    results = []
+def run_all(specs, workers, threads, on_done, commit, reuse_other_commit, run=None):
+    """Every spec, in order, with `workers` processes side by side (1 = in this process); run(spec, commit,
+    reuse_other_commit) does one (None: run_one, a fine-tuning run; experiments/rl_after_gift.py passes its RL run)."""
+    run, results = run or run_one, []
     if workers <= 1:
         for s in specs:
-            results.append(run_one(s, commit, reuse_other_commit))
+            results.append(run(s, commit, reuse_other_commit))
             on_done(results[-1])
         return results
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no forked torch thread pools
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                                 initargs=(threads,)) as pool:
-        pending = {pool.submit(run_one, s, commit, reuse_other_commit): s for s in specs}
+        pending = {pool.submit(run, s, commit, reuse_other_commit): s for s in specs}
         while pending:
             done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
             for fut in done:

@@ -27,12 +27,10 @@ metrics.jsonl and result.json). An interrupted run continues: finished runs with
 """
 
 import argparse
-import concurrent.futures
 import contextlib
 import csv
 import dataclasses
 import json
-import multiprocessing
 import shutil
 import sys
 import time
@@ -137,16 +135,6 @@ def run_rl(spec, commit, reuse_other_commit):
     shutil.rmtree(out / "checkpoints" / final.name / "train_state", ignore_errors=True)
     result_path.write_text(json.dumps(result))
     return result
-
-
-def run_all(specs, workers, on_done, commit, reuse_other_commit):
-    """Every RL spec, `workers` processes side by side (1: in this process)."""
-    if workers <= 1:
-        return [on_done(run_rl(s, commit, reuse_other_commit)) for s in specs]
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        futures = [pool.submit(run_rl, s, commit, reuse_other_commit) for s in specs]
-        return [on_done(f.result()) for f in concurrent.futures.as_completed(futures)]
 
 
 def table_rows(bases, starts, rls):
@@ -258,8 +246,7 @@ def main(argv=None):
         print(f"[{(time.time() - t_start) / 60:5.1f} min] base {r['spec']['base']} {r['spec']['name']}+rl seed "
               f"{r['spec']['seed']}: reward {r['rewards'][0][2]:.3f} -> {r['rewards'][-1][2]:.3f}, held-out cells "
               f"{r['cell_acc']:.1f} % ({r['rl_s']:.0f} s)", flush=True)
-        return r
-    rls = run_all(rl_specs, plan.workers, on_done, commit, plan.reuse_other_commit)
+    rls = study.run_all(rl_specs, plan.workers, plan.threads, on_done, commit, plan.reuse_other_commit, run=run_rl)
 
     # 4. tables, 5. the reward curves
     rows = table_rows(bases, starts, rls)
